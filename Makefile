@@ -1,0 +1,30 @@
+# The two commands a new machine needs: `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: install demo test lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $@
+
+install: $(BIN)/.installed
+
+demo: install
+	$(BIN)/mydata-batch demo
+
+lint: install
+	$(BIN)/ruff check planning batch tests
+	$(BIN)/mypy planning batch
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python -m pytest -q -s tests/bench
+
+clean:
+	rm -rf $(VENV) mydata.db demo-out .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,142 @@
+"""Engines and schema creation for the two supported backends."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event, insert, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from batch.db import schema
+from batch.errors import ConfigError, DatabaseError
+
+DEFAULT_DB_URL = "sqlite+aiosqlite:///mydata.db"
+SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
+
+
+def normalise_url(url: str) -> str:
+    """Accept the common spellings and pin the async drivers we ship."""
+    url = url.strip()
+    if url.startswith(("postgres://", "postgresql://")):
+        url = "postgresql+asyncpg://" + url.split("://", 1)[1]
+    elif url.startswith("sqlite:///") or url == "sqlite://":
+        url = "sqlite+aiosqlite" + url[len("sqlite"):]
+    elif "://" not in url:
+        # A bare path means an SQLite file.
+        url = f"sqlite+aiosqlite:///{url}"
+    return url
+
+
+def backend(url: str) -> str:
+    """'sqlite' or 'postgresql'."""
+    return make_url(normalise_url(url)).get_backend_name()
+
+
+def redact(url: str) -> str:
+    """The URL with any password hidden, for messages."""
+    try:
+        return make_url(normalise_url(url)).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<invalid url>"
+
+
+def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    """An async engine for ``url``; SQLite gets WAL, a busy timeout and foreign keys."""
+    url = normalise_url(url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigError(f"database URL {url!r} is not a valid URL") from None
+    name = parsed.get_backend_name()
+    if name == "sqlite":
+        engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    if name == "postgresql":
+        if parsed.drivername != "postgresql+asyncpg":
+            raise ConfigError("PostgreSQL URLs must use the asyncpg driver "
+                              "(postgresql+asyncpg://...)")
+        kwargs.setdefault("pool_size", 10)
+        kwargs.setdefault("max_overflow", 10)
+        kwargs.setdefault("pool_pre_ping", True)
+        return create_async_engine(url, **kwargs)
+    raise ConfigError(f"unsupported database {name!r}: use sqlite or postgresql")
+
+
+def _describe(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    return re.sub(r"\s+", " ", text)
+
+
+@asynccontextmanager
+async def connect(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection with unreachable-database errors turned into one clear DatabaseError."""
+    try:
+        async with engine.connect() as conn:
+            yield conn
+    except (OperationalError, DBAPIError, OSError) as exc:
+        raise DatabaseError(
+            f"database {redact(str(engine.url))}: {_describe(exc)}"
+        ) from None
+
+
+@asynccontextmanager
+async def transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """One transaction: everything inside commits together or not at all."""
+    try:
+        async with engine.begin() as conn:
+            yield conn
+    except (OperationalError, OSError) as exc:
+        raise DatabaseError(
+            f"database {redact(str(engine.url))}: {_describe(exc)}"
+        ) from None
+
+
+def _sql_files() -> list[Path]:
+    files = sorted(SQL_DIR.glob("[0-9][0-9][0-9]_*.sql"))
+    if not files:
+        raise DatabaseError(f"no schema files found in {SQL_DIR}")
+    return files
+
+
+async def init_db(engine: AsyncEngine) -> int:
+    """Create or upgrade the schema; idempotent. Returns the schema version now in place."""
+    if engine.dialect.name == "postgresql":
+        async with transaction(engine) as conn:
+            # One initialiser at a time across workers.
+            await conn.exec_driver_sql("SELECT pg_advisory_xact_lock(872634001)")
+            raw = await conn.get_raw_connection()
+            driver = raw.driver_connection
+            assert driver is not None
+            for f in _sql_files():
+                # asyncpg runs a multi-statement script only unprepared, through its own API.
+                await driver.execute(f.read_text(encoding="utf-8"))
+        return schema.SCHEMA_VERSION
+    async with transaction(engine) as conn:
+        await conn.run_sync(schema.metadata.create_all)
+        have = (await conn.execute(select(schema.schema_migrations.c.version))).scalars().all()
+        if schema.SCHEMA_VERSION not in have:
+            await conn.execute(insert(schema.schema_migrations).values(
+                version=schema.SCHEMA_VERSION))
+    return schema.SCHEMA_VERSION
+
+
+def db_url_from_env(explicit: str | None = None) -> str:
+    return explicit or os.environ.get("MYDATA_DB_URL") or DEFAULT_DB_URL

@@ -1,0 +1,57 @@
+"""The one exception root of mydata-batch.
+
+    MydataError
+    ├── InputError        bad user input: a file, a row, a field (CLI: one line, exit 2)
+    │   └── ConfigError   bad settings or institutions file
+    ├── DatabaseError     the database is unreachable or refused a statement (exit 2)
+    ├── ProviderError     a provider answered in a way the caller must see
+    └── ShutdownRequested the run was asked to stop (SIGTERM/SIGINT)
+"""
+
+from __future__ import annotations
+
+
+class MydataError(Exception):
+    """Root of every error this package raises on purpose."""
+
+
+class InputError(MydataError):
+    """Bad input a user can fix; ``str()`` is one line naming where and what."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.file = file
+        self.line = line
+        self.field = field
+        self.reason = message
+        where = ""
+        if file is not None:
+            where = file
+            if line is not None:
+                where += f":{line}"
+            where += ": "
+        if field is not None:
+            where += f"field {field!r}: "
+        super().__init__(f"{where}{message}")
+
+
+class ConfigError(InputError):
+    """Bad settings, institutions file or option value."""
+
+
+class DatabaseError(MydataError):
+    """The database could not be reached or refused what we asked."""
+
+
+class ProviderError(MydataError):
+    """A provider answered in a way the caller must see."""
+
+
+class ShutdownRequested(MydataError):
+    """The run was asked to stop; finish in-flight work and exit."""

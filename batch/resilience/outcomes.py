@@ -1,0 +1,169 @@
+"""Outcome classes shared by every layer of the chain, the client and the dispatcher.
+
+A call never raises for an expected result: it returns an :class:`Outcome`. Its ``kind``
+says who is at fault, ``retryable`` whether trying again soon may help, and ``action``
+what the dispatcher does with the consent.
+
+    SUCCESS    the provider answered 00000
+    FAULT      the provider failed (5xx-class, connection error); counts toward the breaker
+    TIMEOUT    no answer in time, or 50003: the outcome is unknown (never retried now)
+    THROTTLED  the provider asked us to slow down (42902, 40301, 40302)
+    CONSENT    the consent's own problem (40305/40404 dead asset, 42901 done this week,
+               40101 token): neutral for the breaker
+    CLIENT     our bug (40001-40003, other 4xx): fail the target, alert, no retry
+    REJECTED   refused by one of our own layers (breaker, limiter, bulkhead, budget,
+               deadline) before reaching the provider: neutral, not attempted
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class Kind(StrEnum):
+    SUCCESS = "success"
+    FAULT = "fault"
+    TIMEOUT = "timeout"
+    THROTTLED = "throttled"
+    CONSENT = "consent"
+    CLIENT = "client"
+    REJECTED = "rejected"
+
+
+class Layer(StrEnum):
+    """Which of our own layers refused a call."""
+
+    BREAKER = "breaker"
+    LIMITER = "limiter"
+    BULKHEAD = "bulkhead"
+    DEADLINE = "deadline"
+    SHUTDOWN = "shutdown"
+
+
+class Action(StrEnum):
+    """What the dispatcher does with the consent after this outcome."""
+
+    DONE = "done"                      # transferred this week
+    RETRY_LATER = "retry_later"        # due again later this week, attempt counted
+    UNKNOWN = "unknown"                # may have been processed: re-try at most once later
+    NOT_ATTEMPTED = "not_attempted"    # our own refusal: stays due, no attempt counted
+    DEAD_ASSET = "dead_asset"          # never call on schedule again
+    DONE_FOR_WEEK = "done_for_week"    # 42901: nothing more this week
+    REFRESH_TOKEN = "refresh_token"    # 40101: refresh the token once, then retry once
+    FAIL = "fail"                      # our bug: fail the target, alert
+
+
+# Response codes (MYDATA.md) by class.
+SUCCESS_CODES = frozenset({"00000"})
+RETRYABLE_CODES = frozenset({"50001", "50002", "50004", "50005"})
+UNKNOWN_CODES = frozenset({"50003"})
+THROTTLE_CODES = frozenset({"42902", "40301", "40302"})
+DEAD_ASSET_CODES = frozenset({"40305", "40404"})
+ALREADY_DONE_CODES = frozenset({"42901"})
+TOKEN_CODES = frozenset({"40101"})
+CLIENT_CODES = frozenset({"40001", "40002", "40003"})
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The result of one logical call (all its attempts) or one attempt."""
+
+    kind: Kind
+    rsp_code: str | None = None
+    http_status: int | None = None
+    retryable: bool = False
+    layer: Layer | None = None
+    detail: str = ""
+    retry_after: float | None = None
+    elapsed: float = 0.0
+    attempts: int = 1
+    payload: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return self.kind is Kind.SUCCESS
+
+    @property
+    def is_failure(self) -> bool:
+        """Counts as a failure for the circuit breaker (a provider fault or a timeout)."""
+        return self.kind in (Kind.FAULT, Kind.TIMEOUT)
+
+    @property
+    def is_neutral(self) -> bool:
+        """Neither success nor failure for the breaker: our refusals, consent problems."""
+        return self.kind in (Kind.REJECTED, Kind.CONSENT, Kind.CLIENT, Kind.THROTTLED)
+
+    @property
+    def action(self) -> Action:
+        k = self.kind
+        if k is Kind.SUCCESS:
+            return Action.DONE
+        if k is Kind.REJECTED:
+            return Action.NOT_ATTEMPTED
+        if k is Kind.TIMEOUT:
+            return Action.UNKNOWN
+        if k is Kind.CONSENT:
+            if self.rsp_code in DEAD_ASSET_CODES:
+                return Action.DEAD_ASSET
+            if self.rsp_code in ALREADY_DONE_CODES:
+                return Action.DONE_FOR_WEEK
+            if self.rsp_code in TOKEN_CODES:
+                return Action.REFRESH_TOKEN
+            return Action.FAIL
+        if k is Kind.CLIENT:
+            return Action.FAIL
+        return Action.RETRY_LATER  # FAULT, THROTTLED
+
+    def with_(self, **changes: Any) -> Outcome:
+        from dataclasses import replace
+
+        return replace(self, **changes)
+
+
+def classify(http_status: int, rsp_code: str | None, *, retry_after: float | None = None,
+             payload: Any = None, elapsed: float = 0.0) -> Outcome:
+    """Classify one HTTP answer from a provider per MYDATA.md's response-code table."""
+    code = rsp_code
+    if code in SUCCESS_CODES and http_status == 200:
+        return Outcome(Kind.SUCCESS, code, http_status, payload=payload, elapsed=elapsed)
+    if code in RETRYABLE_CODES:
+        return Outcome(Kind.FAULT, code, http_status, retryable=True, elapsed=elapsed)
+    if code in UNKNOWN_CODES:
+        return Outcome(Kind.TIMEOUT, code, http_status, detail="processing time exceeded",
+                       elapsed=elapsed)
+    if code in THROTTLE_CODES:
+        return Outcome(Kind.THROTTLED, code, http_status, retry_after=retry_after,
+                       elapsed=elapsed)
+    if code in DEAD_ASSET_CODES or code in ALREADY_DONE_CODES or code in TOKEN_CODES:
+        return Outcome(Kind.CONSENT, code, http_status, elapsed=elapsed)
+    if code in CLIENT_CODES:
+        return Outcome(Kind.CLIENT, code, http_status, elapsed=elapsed)
+    # No (known) rsp_code: fall back on the HTTP status.
+    if http_status >= 500:
+        return Outcome(Kind.FAULT, code, http_status, retryable=code is None, elapsed=elapsed,
+                       detail="HTTP 5xx")
+    if http_status == 429:
+        return Outcome(Kind.THROTTLED, code, http_status, retry_after=retry_after,
+                       elapsed=elapsed)
+    if http_status == 401:
+        return Outcome(Kind.CONSENT, "40101", http_status, elapsed=elapsed)
+    return Outcome(Kind.CLIENT, code, http_status, detail=f"HTTP {http_status}",
+                   elapsed=elapsed)
+
+
+def connection_error(detail: str, *, elapsed: float = 0.0) -> Outcome:
+    """A connection refused/reset before an answer: transient, retryable."""
+    return Outcome(Kind.FAULT, None, None, retryable=True, detail=detail, elapsed=elapsed)
+
+
+def timed_out(detail: str = "timeout", *, elapsed: float = 0.0) -> Outcome:
+    """No answer in time: outcome unknown, never retried now."""
+    return Outcome(Kind.TIMEOUT, None, None, detail=detail, elapsed=elapsed)
+
+
+def rejected(layer: Layer, detail: str = "") -> Outcome:
+    """Refused by our own layer before reaching the provider."""
+    return Outcome(Kind.REJECTED, None, None, layer=layer, detail=detail or str(layer),
+                   attempts=0)

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from sqlalchemy import inspect
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from batch.db import schema
+from batch.db.engine import init_db
+
+
+async def test_init_is_idempotent_and_creates_every_table(engine: AsyncEngine) -> None:
+    assert await init_db(engine) == schema.SCHEMA_VERSION  # second time: no error
+
+    async with engine.connect() as conn:
+        names = await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
+    assert set(schema.metadata.tables) <= names
+
+
+async def test_sql_file_and_sqlalchemy_tables_have_the_same_columns(engine: AsyncEngine) -> None:
+    async with engine.connect() as conn:
+        def columns(c: object) -> dict[str, set[str]]:
+            insp = inspect(c)
+            return {t: {col["name"] for col in insp.get_columns(t)} for t in schema.metadata.tables}
+
+        found = await conn.run_sync(columns)
+    for name, table in schema.metadata.tables.items():
+        assert found[name] == {c.name for c in table.columns}, name
+
+
+async def test_due_index_exists(engine: AsyncEngine) -> None:
+    async with engine.connect() as conn:
+        idx = await conn.run_sync(lambda c: {i["name"] for i in inspect(c).get_indexes("consents")})
+    assert "consents_due_idx" in idx

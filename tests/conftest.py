@@ -1,0 +1,91 @@
+"""Shared fixtures: a fresh database on each backend, services required in CI."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from batch.db.engine import init_db, make_engine
+
+PG_ADMIN_URL = os.environ.get(
+    "MYDATA_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+)
+REDIS_URL = os.environ.get("MYDATA_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REQUIRE_SERVICES = os.environ.get("MYDATA_REQUIRE_SERVICES") == "1"
+
+
+def _unavailable(what: str, exc: BaseException) -> None:
+    msg = f"{what} unavailable: {exc}"
+    if REQUIRE_SERVICES:
+        pytest.fail(msg + " (MYDATA_REQUIRE_SERVICES=1: integration tests must run)")
+    pytest.skip(msg)
+
+
+async def _admin(sql: str) -> None:
+    import asyncpg
+
+    dsn = PG_ADMIN_URL.replace("postgresql+asyncpg://", "postgresql://")
+    conn = await asyncpg.connect(dsn, timeout=5)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    name = f"mydata_t_{uuid.uuid4().hex[:12]}"
+    try:
+        asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:
+        _unavailable("PostgreSQL", exc)
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite+aiosqlite:///{tmp_path / 'mydata.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database URL, once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return str(request.getfixturevalue("sqlite_url"))
+    return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    """An engine on a freshly initialised database (both backends)."""
+    eng = make_engine(db_url)
+    await init_db(eng)
+    try:
+        yield eng
+    finally:
+        await eng.dispose()
+
+
+@pytest.fixture
+def redis_url() -> str:
+    import redis
+
+    try:
+        r = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+        r.ping()
+        r.flushdb()
+        r.close()
+    except Exception as exc:
+        _unavailable("Redis", exc)
+    return REDIS_URL
