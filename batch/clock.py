@@ -10,7 +10,10 @@ import asyncio
 import heapq
 import itertools
 import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta, timezone
+from types import TracebackType
 from typing import Protocol
 
 #: Korea Standard Time. Korea keeps no daylight saving time, so a fixed offset is exact.
@@ -36,9 +39,13 @@ class Clock(Protocol):
         """Wait until ``monotonic() >= deadline``."""
         ...
 
+    def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[object]:
+        """Like ``asyncio.timeout``, on this clock: raises TimeoutError when it expires."""
+        ...
+
 
 class SystemClock:
-    """The real clock: ``time.monotonic`` (the event loop's own clock) and ``datetime.now``."""
+    """The real clock: the event loop's monotonic time and ``datetime.now``."""
 
     __slots__ = ("tz",)
 
@@ -59,13 +66,16 @@ class SystemClock:
         if delay > 0:
             await asyncio.sleep(delay)
 
+    def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[object]:
+        return asyncio.timeout(seconds)
+
 
 class FakeClock:
     """A clock for tests: it moves only when told, never backwards, and wakes sleepers.
 
-    ``advance(dt)`` jumps ahead and resolves every sleeper whose deadline has passed;
-    ``await run_for(dt)`` steps through the sleepers' deadlines one at a time, letting the
-    woken tasks run between steps, so a 60 s timeout takes microseconds.
+    ``advance(dt)`` jumps ahead and fires every timer whose deadline has passed;
+    ``await run_for(dt)`` steps through the timers one deadline at a time, letting the woken
+    tasks run between steps, so a 60 s timeout takes microseconds.
     """
 
     def __init__(self, start: datetime | None = None, *, monotonic: float = 0.0) -> None:
@@ -76,7 +86,7 @@ class FakeClock:
         self._wall0 = start
         self._mono0 = monotonic
         self._mono = monotonic
-        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._timers: list[tuple[float, int, _Timer]] = []
         self._seq = itertools.count()
 
     def monotonic(self) -> float:
@@ -84,6 +94,12 @@ class FakeClock:
 
     def now(self) -> datetime:
         return self._wall0 + timedelta(seconds=self._mono - self._mono0)
+
+    def call_at(self, deadline: float, callback: Callable[[], None]) -> _Timer:
+        """Run ``callback`` once the clock reaches ``deadline``; ``.cancel()`` to drop it."""
+        timer = _Timer(callback)
+        heapq.heappush(self._timers, (deadline, next(self._seq), timer))
+        return timer
 
     async def sleep(self, seconds: float) -> None:
         await self.sleep_until(self._mono + max(0.0, seconds))
@@ -93,33 +109,42 @@ class FakeClock:
             await asyncio.sleep(0)
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._sleepers, (deadline, next(self._seq), fut))
-        await fut
 
-    def advance(self, seconds: float) -> None:
-        """Jump ahead by ``seconds`` (>= 0) and wake every sleeper now due."""
-        if seconds < 0:
-            raise ValueError("FakeClock cannot go backwards")
-        self._mono += seconds
-        self._wake()
-
-    def set_now(self, when: datetime) -> None:
-        """Jump the wall clock forward to ``when`` (never backwards)."""
-        delta = (when - self.now()).total_seconds()
-        self.advance(delta)
-
-    def _wake(self) -> None:
-        while self._sleepers and self._sleepers[0][0] <= self._mono:
-            _, _, fut = heapq.heappop(self._sleepers)
+        def wake() -> None:
             if not fut.done():
                 fut.set_result(None)
 
+        timer = self.call_at(deadline, wake)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+
+    def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[object]:
+        return _FakeTimeout(self, seconds)
+
+    def advance(self, seconds: float) -> None:
+        """Jump ahead by ``seconds`` (>= 0) and fire every timer now due."""
+        if seconds < 0:
+            raise ValueError("FakeClock cannot go backwards")
+        self._mono += seconds
+        self._fire()
+
+    def set_now(self, when: datetime) -> None:
+        """Jump the wall clock forward to ``when`` (never backwards)."""
+        self.advance((when - self.now()).total_seconds())
+
+    def _fire(self) -> None:
+        while self._timers and self._timers[0][0] <= self._mono:
+            _, _, timer = heapq.heappop(self._timers)
+            timer.fire()
+
     @property
     def next_deadline(self) -> float | None:
-        """The earliest pending sleeper's deadline, if any."""
-        while self._sleepers and self._sleepers[0][2].done():
-            heapq.heappop(self._sleepers)
-        return self._sleepers[0][0] if self._sleepers else None
+        """The earliest live timer's deadline, if any."""
+        while self._timers and self._timers[0][2].cancelled:
+            heapq.heappop(self._timers)
+        return self._timers[0][0] if self._timers else None
 
     async def run_for(self, seconds: float, *, settle: int = 5) -> None:
         """Advance ``seconds`` step by step, letting woken tasks run at every deadline."""
@@ -132,11 +157,65 @@ class FakeClock:
             if nxt is None or nxt > end:
                 break
             self._mono = max(self._mono, nxt)
-            self._wake()
+            self._fire()
             await _settle(settle)
         self._mono = end
-        self._wake()
+        self._fire()
         await _settle(settle)
+
+
+class _Timer:
+    __slots__ = ("_callback", "cancelled")
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self._callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def fire(self) -> None:
+        if not self.cancelled:
+            self.cancelled = True
+            self._callback()
+
+
+class _FakeTimeout:
+    """``asyncio.timeout`` semantics driven by a FakeClock."""
+
+    __slots__ = ("_clock", "_fired", "_seconds", "_task", "_timer")
+
+    def __init__(self, clock: FakeClock, seconds: float | None) -> None:
+        self._clock = clock
+        self._seconds = seconds
+        self._fired = False
+        self._task: asyncio.Task[object] | None = None
+        self._timer: _Timer | None = None
+
+    async def __aenter__(self) -> None:
+        self._task = asyncio.current_task()
+        if self._seconds is not None:
+            self._timer = self._clock.call_at(self._clock.monotonic() + self._seconds,
+                                              self._expire)
+
+    def _expire(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._fired = True
+            self._task.cancel()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._fired and exc_type is asyncio.CancelledError:
+            assert self._task is not None
+            if self._task.uncancel() == 0:
+                raise TimeoutError from exc
+        return None
 
 
 async def _settle(rounds: int) -> None:

@@ -79,6 +79,7 @@ class Outcome:
     retry_after: float | None = None
     elapsed: float = 0.0
     attempts: int = 1
+    tran_id: str | None = None
     payload: Any = None
 
     @property
