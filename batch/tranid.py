@@ -1,0 +1,51 @@
+"""``x-api-tran-id``: 25 letters and digits, unique across the cluster for the day.
+
+Layout (MYDATA.md): the operator's 10-character org code, ``M`` (a MyData operator
+originated it), then 14 characters: a 5-character node id and a 9-character per-node
+counter, both base 62. Node ids are random per process (62**5 values) or, in cluster mode,
+handed out by Redis ``INCR`` so that no two live workers share one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import secrets
+
+from batch.config import ORG_CODE_RE
+
+ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+NODE_CHARS = 5
+COUNTER_CHARS = 9
+TRAN_ID_RE = re.compile(r"^[A-Za-z0-9]{25}$")
+
+
+def base62(value: int, width: int) -> str:
+    """``value`` in base 62, left-padded with zeros to exactly ``width`` characters."""
+    if value < 0 or value >= 62**width:
+        raise ValueError(f"{value} does not fit in {width} base-62 characters")
+    out = []
+    for _ in range(width):
+        value, rem = divmod(value, 62)
+        out.append(ALPHABET[rem])
+    return "".join(reversed(out))
+
+
+def random_node_id() -> int:
+    return secrets.randbelow(62**NODE_CHARS)
+
+
+class TranIdGenerator:
+    """Makes transaction ids for one process (one node)."""
+
+    __slots__ = ("_counter", "_prefix")
+
+    def __init__(self, operator_org_code: str, node_id: int | None = None) -> None:
+        if not ORG_CODE_RE.match(operator_org_code):
+            raise ValueError("operator_org_code must be exactly 10 letters or digits")
+        node = random_node_id() if node_id is None else node_id
+        self._prefix = f"{operator_org_code}M{base62(node % 62**NODE_CHARS, NODE_CHARS)}"
+        self._counter = itertools.count()
+
+    def __call__(self) -> str:
+        return self._prefix + base62(next(self._counter), COUNTER_CHARS)

@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from batch.db import schema, work
+
+NOW = datetime(2026, 11, 30, 1, 0, tzinfo=UTC)
+WEEK = date(2026, 11, 29)
+
+
+async def _seed(engine: AsyncEngine, n: int, *, due_week: date = WEEK) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(insert(schema.institutions).values(
+            org_code="BANK000001", industry="bank", base_url="http://127.0.0.1:1",
+            windows='["0000:2400"]', calls_per_second=10, max_concurrency=5, updated_at=NOW))
+        await conn.execute(insert(schema.consents), [
+            {"user_id": f"u{i}", "org_code": "BANK000001", "access_token": f"tok-{i}",
+             "consented_at": NOW - timedelta(days=30), "due_week": due_week,
+             "not_before": NOW - timedelta(days=30), "updated_at": NOW}
+            for i in range(n)
+        ])
+
+
+async def test_claims_follow_the_keyset_and_never_hand_out_a_leased_consent(
+    engine: AsyncEngine,
+) -> None:
+    await _seed(engine, 10)
+    first = await work.claim(engine, "BANK000001", worker="w1", week=WEEK, now=NOW, limit=4)
+    assert [c.user_id for c in first] == ["u0", "u1", "u2", "u3"]
+    second = await work.claim(engine, "BANK000001", worker="w1", week=WEEK, now=NOW, limit=4,
+                              after=first[-1].cursor)
+    assert [c.user_id for c in second] == ["u4", "u5", "u6", "u7"]
+    # Another worker scanning from the start skips everything leased.
+    other = await work.claim(engine, "BANK000001", worker="w2", week=WEEK, now=NOW, limit=10)
+    assert [c.user_id for c in other] == ["u8", "u9"]
+    assert not any(c.stale for c in first + second + other)
+
+
+async def test_expired_lease_comes_back_marked_stale(engine: AsyncEngine) -> None:
+    await _seed(engine, 2)
+    await work.claim(engine, "BANK000001", worker="dead", week=WEEK, now=NOW, limit=2,
+                     lease=timedelta(seconds=30))
+    none_yet = await work.claim(engine, "BANK000001", worker="w2", week=WEEK,
+                                now=NOW + timedelta(seconds=10), limit=2)
+    assert none_yet == []
+    back = await work.claim(engine, "BANK000001", worker="w2", week=WEEK,
+                            now=NOW + timedelta(seconds=31), limit=2)
+    assert [c.stale for c in back] == [True, True]
+    assert [c.unknown_attempts for c in back] == [1, 1]
+
+
+async def test_release_returns_claims_without_marking_them(engine: AsyncEngine) -> None:
+    await _seed(engine, 3)
+    got = await work.claim(engine, "BANK000001", worker="w1", week=WEEK, now=NOW, limit=3)
+    assert await work.release(engine, [c.id for c in got], worker="w1") == 3
+    again = await work.claim(engine, "BANK000001", worker="w2", week=WEEK, now=NOW, limit=3)
+    assert len(again) == 3 and not any(c.stale for c in again)
+
+
+async def test_written_outcomes_move_the_consent_and_log_each_refresh(
+    engine: AsyncEngine,
+) -> None:
+    await _seed(engine, 3)
+    c = await work.claim(engine, "BANK000001", worker="w1", week=WEEK, now=NOW, limit=3)
+    at = NOW + timedelta(seconds=1)
+    nxt = WEEK + timedelta(days=7)
+    await work.write_records(engine, [
+        work.Record(c[0].id, "BANK000001", "done", "success", "00000", "T" * 25, 2, 5, None,
+                    at, next_due_week=nxt, week_result="done"),
+        work.Record(c[1].id, "BANK000001", "retry_later", "fault", "50001", "T" * 25, 1, 5,
+                    "50001", at, not_before=at + timedelta(minutes=10)),
+        work.Record(c[2].id, "BANK000001", "dead_asset", "consent", "40404", None, 1, 5,
+                    "40404", at),
+    ], run_id="r1", worker="w1", day=date(2026, 11, 30))
+    async with engine.connect() as conn:
+        rows = {r.user_id: r for r in (await conn.execute(select(schema.consents))).all()}
+        logged = (await conn.execute(select(func.count()).select_from(
+            schema.call_outcomes))).scalar_one()
+    assert rows["u0"].due_week == nxt and rows["u0"].last_scheduled_at is not None
+    assert rows["u1"].attempts == 1 and rows["u1"].lease_owner is None
+    assert rows["u2"].status == "dead"
+    assert logged == 3
+    # The retried one is not due before its not_before; the done and the dead never again.
+    later = await work.claim(engine, "BANK000001", worker="w1", week=WEEK,
+                             now=at + timedelta(minutes=11), limit=10)
+    assert [x.user_id for x in later] == ["u1"]
+    assert await work.attempted_today(engine, day=date(2026, 11, 30)) == {"BANK000001": 3}
+
+
+async def test_write_from_a_worker_that_lost_its_lease_changes_nothing(
+    engine: AsyncEngine,
+) -> None:
+    await _seed(engine, 1)
+    c = await work.claim(engine, "BANK000001", worker="old", week=WEEK, now=NOW, limit=1,
+                         lease=timedelta(seconds=5))
+    await work.claim(engine, "BANK000001", worker="new", week=WEEK,
+                     now=NOW + timedelta(seconds=6), limit=1)
+    await work.write_records(engine, [
+        work.Record(c[0].id, "BANK000001", "done", "success", "00000", None, 1, 1, None,
+                    NOW, next_due_week=WEEK + timedelta(days=7), week_result="done"),
+    ], run_id="r", worker="old", day=date(2026, 11, 30))
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(schema.consents))).one()
+    assert row.due_week == WEEK and row.lease_owner == "new"
