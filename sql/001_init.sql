@@ -40,6 +40,7 @@ CREATE TABLE IF NOT EXISTS consents (
     attempts           INTEGER NOT NULL DEFAULT 0,
     unknown_attempts   INTEGER NOT NULL DEFAULT 0,
     week_result        TEXT,
+    pending_items      TEXT,
     last_error         TEXT,
     lease_owner        TEXT,
     lease_until        TIMESTAMPTZ,

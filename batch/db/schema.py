@@ -103,6 +103,8 @@ consents = Table(
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("unknown_attempts", Integer, nullable=False, server_default="0"),
     Column("week_result", Text),
+    # JSON list of item ids still to fetch after the list call of this week succeeded
+    Column("pending_items", Text),
     Column("last_error", Text),
     Column("lease_owner", Text),
     Column("lease_until", UTCDateTime),

@@ -9,6 +9,7 @@ lease from someone else may already have been called: it is marked as an unknown
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
@@ -38,6 +39,8 @@ class Claim:
     stale: bool
     access_token: str = field(repr=False)
     refresh_token: str | None = field(repr=False, default=None)
+    #: item ids still to fetch after this week's list call succeeded (JSON in the DB)
+    pending_items: tuple[str, ...] | None = None
 
     @property
     def cursor(self) -> Cursor:
@@ -64,7 +67,8 @@ _PG_CLAIM = text(
     FROM picked
     WHERE c.id = picked.id
     RETURNING c.id, c.user_id, c.due_week, c.attempts, c.unknown_attempts,
-              (picked.prev_owner IS NOT NULL) AS stale, c.access_token, c.refresh_token
+              (picked.prev_owner IS NOT NULL) AS stale, c.access_token, c.refresh_token,
+              c.pending_items
     """
 ).bindparams(
     bindparam("org", type_=String), bindparam("wk", type_=Date),
@@ -116,7 +120,8 @@ async def claim(
     claims = [
         Claim(id=r.id, org_code=org_code, user_id=r.user_id, due_week=_as_date(r.due_week),
               attempts=r.attempts, unknown_attempts=r.unknown_attempts, stale=bool(r.stale),
-              access_token=r.access_token, refresh_token=r.refresh_token)
+              access_token=r.access_token, refresh_token=r.refresh_token,
+              pending_items=_items(r.pending_items))
         for r in rows
     ]
     claims.sort(key=lambda c: c.cursor)
@@ -141,21 +146,28 @@ async def _sqlite_claim(conn: AsyncConnection, params: dict[str, object]) -> lis
     stale = set(stale_ids)
     rows = (await conn.execute(
         select(consents.c.id, consents.c.user_id, consents.c.due_week, consents.c.attempts,
-               consents.c.unknown_attempts, consents.c.access_token, consents.c.refresh_token)
+               consents.c.unknown_attempts, consents.c.access_token, consents.c.refresh_token,
+               consents.c.pending_items)
         .where(consents.c.id.in_(ids))
     )).all()
     return [_Row(r, r.id in stale) for r in rows]
 
 
 class _Row:
-    __slots__ = ("access_token", "attempts", "due_week", "id", "refresh_token", "stale",
-                 "unknown_attempts", "user_id")
+    __slots__ = ("access_token", "attempts", "due_week", "id", "pending_items", "refresh_token",
+                 "stale", "unknown_attempts", "user_id")
 
     def __init__(self, r: object, stale: bool) -> None:
         for name in ("id", "user_id", "due_week", "attempts", "unknown_attempts",
-                     "access_token", "refresh_token"):
+                     "access_token", "refresh_token", "pending_items"):
             setattr(self, name, getattr(r, name))
         self.stale = stale
+
+
+def _items(raw: object) -> tuple[str, ...] | None:
+    if raw is None:
+        return None
+    return tuple(str(x) for x in json.loads(str(raw)))
 
 
 def _as_date(v: object) -> date:
@@ -198,6 +210,7 @@ class Record:
     #: for RETRY_LATER/UNKNOWN: not before this time
     not_before: datetime | None = None
     week_result: str | None = None
+    pending_items: str | None = None
     count_attempt: bool = True
     count_unknown: bool = False
     dead_letter: bool = False
@@ -229,6 +242,7 @@ async def write_records(
                     last_scheduled_at=func.coalesce(bindparam("b_last", type_=UTCDateTime),
                                                     c.last_scheduled_at),
                     attempts=0, unknown_attempts=0, week_result=bindparam("b_result"),
+                    pending_items=None,
                     last_error=bindparam("b_err"), lease_owner=None, lease_until=None,
                     updated_at=bindparam("b_at"),
                 ),
@@ -245,6 +259,7 @@ async def write_records(
                 update(consents)
                 .where(c.id == bindparam("b_id"), c.lease_owner == worker)
                 .values(status="dead", week_result="dead_asset", last_error=bindparam("b_err"),
+                        pending_items=None,
                         lease_owner=None, lease_until=None, updated_at=bindparam("b_at")),
                 [{"b_id": r.consent_id, "b_err": r.error, "b_at": r.at} for r in dead],
             )
@@ -261,12 +276,14 @@ async def write_records(
                     week_result=func.coalesce(bindparam("b_result", type_=String),
                                               c.week_result),
                     last_error=func.coalesce(bindparam("b_err", type_=String), c.last_error),
+                    pending_items=bindparam("b_pending", type_=String),
                     lease_owner=None, lease_until=None, updated_at=bindparam("b_at"),
                 ),
                 [
                     {"b_id": r.consent_id, "b_inc": int(r.count_attempt),
                      "b_uinc": int(r.count_unknown), "b_nb": r.not_before,
-                     "b_result": r.week_result, "b_err": r.error, "b_at": r.at}
+                     "b_result": r.week_result, "b_err": r.error, "b_at": r.at,
+                     "b_pending": r.pending_items}
                     for r in later
                 ],
             )

@@ -1,0 +1,301 @@
+"""The MyData client: one consent's scheduled refresh, every call through the provider's chain.
+
+A refresh is the industry's list call, its pages one after another (never in parallel), then
+one detail call per item. Every HTTP attempt carries ``Authorization``, a fresh
+``x-api-tran-id`` and ``x-api-type: scheduled``. A 40101 refreshes the token once and retries
+once. If the list succeeded but a detail failed, the remaining item ids come back as
+``pending_items`` so the next attempt fetches only those and never repeats the list (a
+second transfer in the week is what providers refuse with 42901).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from batch.clock import Clock
+from batch.config import Provider
+from batch.resilience.outcomes import (
+    DEAD_ASSET_CODES,
+    TOKEN_CODES,
+    Kind,
+    Outcome,
+    classify,
+    connection_error,
+    timed_out,
+)
+from batch.routes import MAX_PAGE_LIMIT, ROUTES, TOKEN_PATH, IndustryRoutes
+
+API_TYPE = "scheduled"
+MAX_PAGES = 1000
+
+
+class CallChain(Protocol):
+    """What the client needs from the resilience chain."""
+
+    async def call(
+        self, attempt: Callable[[float], Awaitable[Outcome]], *, deadline: float | None = None
+    ) -> Outcome: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshResult:
+    """How one consent's refresh ended."""
+
+    outcome: Outcome
+    calls: int
+    items: int = 0
+    dead_items: int = 0
+    pending_items: tuple[str, ...] | None = None
+    new_access_token: str | None = field(default=None, repr=False)
+    new_refresh_token: str | None = field(default=None, repr=False)
+
+
+class _Tokens:
+    __slots__ = ("access", "changed", "refresh", "refreshed")
+
+    def __init__(self, access: str, refresh: str | None) -> None:
+        self.access = access
+        self.refresh = refresh
+        self.refreshed = False  # a refresh was tried (only once per consent)
+        self.changed = False  # a refresh succeeded: the new tokens must be stored
+
+
+def make_http_client(*, max_connections: int = 200) -> httpx.AsyncClient:
+    """httpx as the API, aiohttp underneath for throughput (DESIGN.md); TLS verification on."""
+    from httpx_aiohttp import AiohttpTransport
+
+    limits = httpx.Limits(max_connections=max_connections,
+                          max_keepalive_connections=max_connections)
+    return httpx.AsyncClient(transport=AiohttpTransport(limits=limits, verify=True),
+                             verify=True, follow_redirects=False)
+
+
+class MydataClient:
+    """Scheduled refreshes for one provider."""
+
+    def __init__(
+        self,
+        provider: Provider,
+        *,
+        http: httpx.AsyncClient,
+        chain: CallChain,
+        tran_ids: Callable[[], str],
+        clock: Clock,
+        page_limit: int = MAX_PAGE_LIMIT,
+    ) -> None:
+        if provider.industry not in ROUTES:
+            raise ValueError(f"no routes known for industry {provider.industry!r}")
+        if not 1 <= page_limit <= MAX_PAGE_LIMIT:
+            raise ValueError(f"page_limit must be 1..{MAX_PAGE_LIMIT}")
+        self.provider = provider
+        self.routes: IndustryRoutes = ROUTES[provider.industry]
+        self._http = http
+        self._chain = chain
+        self._tran_ids = tran_ids
+        self._clock = clock
+        self._page_limit = page_limit
+        self._base = provider.base_url
+
+    # -- one HTTP attempt --------------------------------------------------------------
+
+    async def _attempt(
+        self,
+        method: str,
+        path: str,
+        token: str,
+        timeout: float,
+        *,
+        params: dict[str, Any] | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> Outcome:
+        tran_id = self._tran_ids()
+        headers = {
+            "Authorization": f"Bearer {token}",
+            "x-api-tran-id": tran_id,
+            "x-api-type": API_TYPE,
+        }
+        connect = min(self.provider.connect_timeout, timeout)
+        t0 = self._clock.monotonic()
+        try:
+            resp = await self._http.request(
+                method, self._base + path, params=params, json=body, headers=headers,
+                timeout=httpx.Timeout(timeout, connect=connect),
+            )
+        except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
+            return timed_out(type(exc).__name__, elapsed=self._clock.monotonic() - t0
+                             ).with_(tran_id=tran_id)
+        except httpx.HTTPError as exc:
+            # Not connected, reset, or refused: nothing was processed; transient.
+            return connection_error(type(exc).__name__, elapsed=self._clock.monotonic() - t0
+                                    ).with_(tran_id=tran_id)
+        elapsed = self._clock.monotonic() - t0
+        data: Any = None
+        if resp.content:
+            try:
+                data = json.loads(resp.content)
+            except ValueError:
+                data = None
+        code = data.get("rsp_code") if isinstance(data, dict) else None
+        return classify(resp.status_code, code if isinstance(code, str) else None,
+                        retry_after=_retry_after(resp.headers.get("retry-after")),
+                        payload=data, elapsed=elapsed).with_(tran_id=tran_id)
+
+    async def _call(
+        self, tokens: _Tokens, method: str, path: str, *, deadline: float | None,
+        params: dict[str, Any] | None = None, body: dict[str, Any] | None = None,
+    ) -> tuple[Outcome, int]:
+        """One logical call through the chain; 40101 refreshes the token once, retries once."""
+        calls = 0
+
+        async def attempt(timeout: float) -> Outcome:
+            nonlocal calls
+            calls += 1
+            return await self._attempt(method, path, tokens.access, timeout, params=params,
+                                       body=body)
+
+        out = await self._chain.call(attempt, deadline=deadline)
+        if out.kind is Kind.CONSENT and out.rsp_code in TOKEN_CODES and not tokens.refreshed:
+            tokens.refreshed = True
+            refreshed = await self._refresh_token(tokens, deadline=deadline)
+            calls += refreshed[1]
+            if refreshed[0].ok:
+                out = await self._chain.call(attempt, deadline=deadline)
+            else:
+                out = refreshed[0]
+        return out, calls
+
+    async def _refresh_token(self, tokens: _Tokens, *, deadline: float | None
+                             ) -> tuple[Outcome, int]:
+        if not tokens.refresh:
+            return Outcome(Kind.CONSENT, "40101", 401, detail="token expired, no refresh token"
+                           ), 0
+        calls = 0
+        refresh_token = tokens.refresh
+
+        async def attempt(timeout: float) -> Outcome:
+            nonlocal calls
+            calls += 1
+            tran_id = self._tran_ids()
+            t0 = self._clock.monotonic()
+            try:
+                resp = await self._http.post(
+                    self._base + TOKEN_PATH,
+                    data={"grant_type": "refresh_token", "refresh_token": refresh_token},
+                    headers={"x-api-tran-id": tran_id},
+                    timeout=httpx.Timeout(timeout, connect=min(self.provider.connect_timeout,
+                                                               timeout)),
+                )
+            except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
+                return timed_out(type(exc).__name__).with_(tran_id=tran_id)
+            except httpx.HTTPError as exc:
+                return connection_error(type(exc).__name__).with_(tran_id=tran_id)
+            try:
+                data = resp.json()
+            except ValueError:
+                data = None
+            elapsed = self._clock.monotonic() - t0
+            if resp.status_code == 200 and isinstance(data, dict) and data.get("access_token"):
+                return Outcome(Kind.SUCCESS, "00000", 200, payload=data, elapsed=elapsed,
+                               tran_id=tran_id)
+            code = data.get("rsp_code") if isinstance(data, dict) else None
+            out = classify(resp.status_code, code if isinstance(code, str) else None,
+                           elapsed=elapsed).with_(tran_id=tran_id)
+            if out.kind is Kind.CLIENT:  # a refused refresh token is the consent's problem
+                out = out.with_(kind=Kind.CONSENT, rsp_code="40101",
+                                detail="token refresh refused")
+            return out
+
+        out = await self._chain.call(attempt, deadline=deadline)
+        if out.ok:
+            tokens.access = str(out.payload["access_token"])
+            tokens.changed = True
+            new_refresh = out.payload.get("refresh_token")
+            if isinstance(new_refresh, str) and new_refresh:
+                tokens.refresh = new_refresh
+        return out, calls
+
+    # -- one consent -------------------------------------------------------------------
+
+    async def refresh(
+        self,
+        *,
+        access_token: str,
+        refresh_token: str | None,
+        pending_items: Sequence[str] | None = None,
+        deadline: float | None = None,
+    ) -> RefreshResult:
+        """Fetch one consent's scheduled data: the list (unless resuming), then details."""
+        tokens = _Tokens(access_token, refresh_token)
+        calls = 0
+        r = self.routes
+        if pending_items is None:
+            items: list[str] = []
+            next_page: str | None = None
+            for _ in range(MAX_PAGES):
+                params: dict[str, Any] = {"org_code": self.provider.org_code,
+                                          "search_timestamp": 0, "limit": self._page_limit}
+                if next_page is not None:
+                    params["next_page"] = next_page
+                out, n = await self._call(tokens, "GET", r.list_path, deadline=deadline,
+                                          params=params)
+                calls += n
+                if not out.ok:
+                    return self._result(out, calls, tokens, items=len(items))
+                page = out.payload if isinstance(out.payload, dict) else {}
+                for item in page.get(r.list_key) or []:
+                    if isinstance(item, dict) and r.id_key in item:
+                        items.append(str(item[r.id_key]))
+                nxt = page.get("next_page")
+                if not nxt:
+                    break
+                next_page = str(nxt)
+            list_outcome = out
+        else:
+            items = list(pending_items)
+            list_outcome = Outcome(Kind.SUCCESS, "00000", 200, attempts=0)
+        dead = 0
+        last = list_outcome
+        for i, item_id in enumerate(items):
+            if r.detail_method == "POST":
+                out, n = await self._call(
+                    tokens, "POST", r.detail_path(item_id), deadline=deadline,
+                    body={"org_code": self.provider.org_code, r.id_key: item_id,
+                          "search_timestamp": 0},
+                )
+            else:
+                out, n = await self._call(
+                    tokens, "GET", r.detail_path(item_id), deadline=deadline,
+                    params={"org_code": self.provider.org_code, "search_timestamp": 0},
+                )
+            calls += n
+            if out.kind is Kind.CONSENT and out.rsp_code in DEAD_ASSET_CODES:
+                dead += 1  # this asset is gone; the consent's other assets still count
+                continue
+            if not out.ok:
+                return self._result(out, calls, tokens, items=len(items), dead=dead,
+                                    pending=tuple(items[i:]))
+            last = out
+        return self._result(last, calls, tokens, items=len(items), dead=dead)
+
+    @staticmethod
+    def _result(out: Outcome, calls: int, tokens: _Tokens, *, items: int, dead: int = 0,
+                pending: tuple[str, ...] | None = None) -> RefreshResult:
+        return RefreshResult(
+            outcome=out, calls=calls, items=items, dead_items=dead, pending_items=pending,
+            new_access_token=tokens.access if tokens.changed else None,
+            new_refresh_token=tokens.refresh if tokens.changed else None,
+        )
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None

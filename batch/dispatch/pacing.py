@@ -1,0 +1,53 @@
+"""Pure pacing arithmetic: a minute's target from the plan and what is left, and its slices."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+SLICES_PER_MINUTE = 600
+SLICE_SECONDS = 60.0 / SLICES_PER_MINUTE
+
+
+def slice_counts(n: int, slices: int = SLICES_PER_MINUTE) -> list[int]:
+    """``n`` starts spread over ``slices`` slices, carrying the fraction: sums to exactly n.
+
+    Slice k gets floor((k+1)n/s) - floor(kn/s): never more than ceil(n/s), never bursty.
+    """
+    if n < 0 or slices <= 0:
+        raise ValueError("n must be >= 0 and slices > 0")
+    return [((k + 1) * n) // slices - (k * n) // slices for k in range(slices)]
+
+
+def minute_target(
+    minute: int,
+    remaining_minutes: Sequence[int],
+    planned: Mapping[int, int],
+    remaining_quota: int,
+    cap: int,
+) -> int:
+    """How many refreshes to start in ``minute``, the first of ``remaining_minutes``.
+
+    What is left of the day's quota is re-spread over the remaining minutes in proportion to
+    their planned targets (evenly if none are planned), so a short minute is made up later;
+    the last minute takes all that is left. Never above ``cap``.
+    """
+    if remaining_quota <= 0 or not remaining_minutes:
+        return 0
+    if len(remaining_minutes) == 1:
+        return min(cap, remaining_quota)
+    weights = [max(0, planned.get(m, 0)) for m in remaining_minutes]
+    total = sum(weights)
+    if total == 0:
+        share = remaining_quota / len(remaining_minutes)
+    else:
+        share = remaining_quota * max(0, planned.get(minute, 0)) / total
+    return max(0, min(cap, remaining_quota, int(share + 0.5)))
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) of already sorted values, nearest rank; 0.0 if empty."""
+    if not sorted_values:
+        return 0.0
+    rank = max(0, min(len(sorted_values) - 1, math.ceil(q / 100 * len(sorted_values)) - 1))
+    return float(sorted_values[rank])

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from batch.dispatch.pacing import minute_target, percentile, slice_counts
+
+
+@given(st.integers(min_value=0, max_value=100_000))
+def test_slices_add_up_exactly_and_never_burst(n: int) -> None:
+    counts = slice_counts(n)
+    assert len(counts) == 600
+    assert sum(counts) == n
+    assert max(counts) - min(counts) <= 1
+
+
+def test_a_minute_of_1000_starts_one_or_two_per_slice_in_order() -> None:
+    counts = slice_counts(1000)
+    assert set(counts) == {1, 2}
+    assert counts[:3] == [1, 2, 2]
+
+
+def test_shortfall_is_re_spread_over_the_remaining_minutes() -> None:
+    planned = {0: 100, 1: 100, 2: 100, 3: 100}
+    # On plan: 400 left over 4 minutes -> 100.
+    assert minute_target(0, [0, 1, 2, 3], planned, 400, cap=1000) == 100
+    # Minute 0 fell 60 short: 360 left over 3 minutes -> 120 each.
+    assert minute_target(1, [1, 2, 3], planned, 360, cap=1000) == 120
+    # The cap still holds.
+    assert minute_target(1, [1, 2, 3], planned, 360, cap=110) == 110
+    # The last minute takes everything that is left (up to the cap).
+    assert minute_target(3, [3], planned, 7, cap=1000) == 7
+
+
+def test_minutes_without_a_plan_share_evenly() -> None:
+    assert minute_target(5, [5, 6], {}, 10, cap=100) == 5
+
+
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=30), st.integers(0, 2000))
+def test_following_the_targets_spends_the_quota_exactly_when_the_cap_allows(
+    plan: list[int], quota: int,
+) -> None:
+    minutes = list(range(len(plan)))
+    planned = dict(enumerate(plan))
+    cap = 10_000
+    left = quota
+    for i, m in enumerate(minutes):
+        n = minute_target(m, minutes[i:], planned, left, cap)
+        assert 0 <= n <= left
+        left -= n
+    assert left == 0
+
+
+def test_percentile_nearest_rank() -> None:
+    assert percentile([], 99) == 0.0
+    values = sorted(float(i) for i in range(1, 101))
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile(values, 100) == 100.0
