@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Date, Integer, String, bindparam, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -323,3 +323,36 @@ async def attempted_today(engine: AsyncEngine, *, day: date) -> dict[str, int]:
             .group_by(call_outcomes.c.org_code)
         )).all()
     return {str(org).strip(): int(n) for org, n in rows}
+
+
+class WorkStore(Protocol):
+    """What the dispatcher needs from the database (an in-memory twin serves unit tests)."""
+
+    async def claim(self, org_code: str, *, worker: str, week: date, now: datetime,
+                    limit: int, after: Cursor = START,
+                    lease: timedelta = timedelta(minutes=10)) -> list[Claim]: ...
+
+    async def release(self, ids: Sequence[int], *, worker: str) -> int: ...
+
+    async def write(self, records: Sequence[Record], *, run_id: str, worker: str,
+                    day: date) -> None: ...
+
+
+class SqlWorkStore:
+    """The real store: the functions above over one engine."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def claim(self, org_code: str, *, worker: str, week: date, now: datetime,
+                    limit: int, after: Cursor = START,
+                    lease: timedelta = timedelta(minutes=10)) -> list[Claim]:
+        return await claim(self.engine, org_code, worker=worker, week=week, now=now,
+                           limit=limit, after=after, lease=lease)
+
+    async def release(self, ids: Sequence[int], *, worker: str) -> int:
+        return await release(self.engine, ids, worker=worker)
+
+    async def write(self, records: Sequence[Record], *, run_id: str, worker: str,
+                    day: date) -> None:
+        await write_records(self.engine, records, run_id=run_id, worker=worker, day=day)

@@ -1,0 +1,314 @@
+"""One provider's day: a producer claiming from the database every second, a consumer
+starting each 100 ms slice's refreshes as detached tasks, at the planned rate.
+
+The producer fetches just ahead of the consumer (a couple of seconds of work, never a whole
+minute) over a bounded asyncio queue. The consumer ticks on absolute deadlines, so a late
+tick never shifts the ones after it; lateness is measured per tick. A slow refresh never
+delays a tick: each runs in its own task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+
+from batch.client import RefreshResult
+from batch.clock import KST, Clock
+from batch.db import work
+from batch.dispatch.pacing import SLICE_SECONDS, SLICES_PER_MINUTE, minute_target, slice_counts
+from batch.dispatch.policy import RetryPolicy, decide, give_up_unknown
+from batch.dispatch.stats import MinuteRecord, ProviderStats
+from batch.dispatch.writer import OutcomeWriter
+from batch.resilience.outcomes import Kind, Outcome
+
+log = logging.getLogger("mydata.dispatch")
+
+RefreshFn = Callable[[work.Claim], Awaitable[RefreshResult]]
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchSettings:
+    """How the dispatcher paces and leases; the defaults suit production."""
+
+    worker_id: str
+    lease: timedelta = timedelta(minutes=10)
+    lookahead_seconds: float = 2.0
+    claim_interval: float = 1.0
+    max_claim: int = 5000
+    idle_recheck: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.worker_id:
+            raise ValueError("worker_id must not be empty")
+        if self.lease <= timedelta(seconds=1):
+            raise ValueError("lease must be longer than a second")
+        if self.lookahead_seconds <= 0 or self.claim_interval <= 0:
+            raise ValueError("lookahead_seconds and claim_interval must be positive")
+
+
+class ProviderDispatcher:
+    """Runs one provider's minutes for one day."""
+
+    def __init__(
+        self,
+        org_code: str,
+        *,
+        store: work.WorkStore,
+        refresh: RefreshFn,
+        writer: OutcomeWriter,
+        clock: Clock,
+        settings: DispatchSettings,
+        policy: RetryPolicy,
+        day: date,
+        week: date,
+        quota: int,
+        minutes: Mapping[int, int],
+        per_minute_cap: int,
+        attempted_before: int = 0,
+        breaker_open: Callable[[], bool] = lambda: False,
+        breaker_state: Callable[[], str] = lambda: "closed",
+    ) -> None:
+        self.org_code = org_code
+        self._store = store
+        self._refresh = refresh
+        self._writer = writer
+        self._clock = clock
+        self._settings = settings
+        self._policy = policy
+        self._day = day
+        self._week = week
+        self._planned = dict(minutes)
+        self._minutes = sorted(m for m in self._planned if self._planned[m] > 0)
+        self._cap = max(1, per_minute_cap)
+        self._breaker_open = breaker_open
+        self._breaker_state = breaker_state
+        self.stats = ProviderStats(org_code, day_quota=quota, attempted_before=attempted_before)
+        self._queue: asyncio.Queue[work.Claim] = asyncio.Queue()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._queued_ids: set[int] = set()
+        self._rate = 0.0  # refreshes per second in the current minute, for the producer
+        self._claiming = True
+        self._nudge = asyncio.Event()  # wakes the producer when the rate changes
+
+    # -- quota bookkeeping -------------------------------------------------------------
+
+    @property
+    def remaining(self) -> int:
+        """Refreshes still to start today (planned minus attempted, started and in flight)."""
+        return max(0, self.stats.day_quota - self.stats.attempted_before - self.stats.started)
+
+    def _to_claim(self) -> int:
+        return max(0, self.remaining - self._queue.qsize())
+
+    # -- producer ----------------------------------------------------------------------
+
+    async def _produce(self, stop: asyncio.Event) -> None:
+        cursor: work.Cursor = work.START
+        nxt = self._clock.monotonic()
+        idle_until = 0.0
+        while not stop.is_set() and self._claiming:
+            now_m = self._clock.monotonic()
+            buffer = math.ceil(self._rate * self._settings.lookahead_seconds) + 1
+            want = min(buffer - self._queue.qsize(), self._to_claim(), self._settings.max_claim)
+            if want > 0 and now_m >= idle_until and self._writer.healthy:
+                try:
+                    got = await self._claim(cursor, want)
+                    if len(got) < want and cursor != work.START:
+                        # End of the keyset range: wrap once to pick up consents that came
+                        # due again since (retries past their not_before, expired leases).
+                        cursor = work.START
+                        got += await self._claim(cursor, want - len(got))
+                    if len(got) < want:
+                        idle_until = now_m + self._settings.idle_recheck
+                    for c in got:
+                        cursor = c.cursor
+                        if c.unknown_attempts >= 2:
+                            self._writer.add(give_up_unknown(c, week=self._week,
+                                                             now=self._clock.now()))
+                            self.stats.dead_lettered += 1
+                            continue
+                        self._queued_ids.add(c.id)
+                        self._queue.put_nowait(c)
+                except Exception as exc:  # the database may come back; keep the day going
+                    self.stats.claim_errors += 1
+                    log.warning("claim failed", extra={
+                        "action": "claim_failed", "org_code": self.org_code,
+                        "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
+            nxt = max(nxt + self._settings.claim_interval, self._clock.monotonic())
+            try:
+                async with self._clock.timeout(nxt - self._clock.monotonic()):
+                    await self._nudge.wait()
+                nxt = self._clock.monotonic()
+            except TimeoutError:
+                pass
+            self._nudge.clear()
+
+    async def _claim(self, cursor: work.Cursor, n: int) -> list[work.Claim]:
+        if n <= 0:
+            return []
+        return await self._store.claim(
+            self.org_code, worker=self._settings.worker_id, week=self._week,
+            now=self._clock.now(), limit=n, after=cursor, lease=self._settings.lease,
+        )
+
+    # -- consumer ----------------------------------------------------------------------
+
+    def _minute_start(self, minute: int) -> datetime:
+        return datetime.combine(self._day, time(0, 0), KST) + timedelta(minutes=minute)
+
+    async def _consume(self, stop: asyncio.Event) -> None:
+        for i, minute in enumerate(self._minutes):
+            if stop.is_set():
+                return
+            offset = (self._minute_start(minute) - self._clock.now()).total_seconds()
+            if offset <= -60:
+                continue  # already past
+            if self.remaining <= 0:
+                # Everything planned is started; outcomes that come back "not attempted"
+                # (our own refusals) reopen the quota, so wait for in-flight work first.
+                await self._drain(None)
+                if self.remaining <= 0:
+                    return
+            t0 = self._clock.monotonic() + offset
+            # Claim nothing long before the minute: leases would age in the queue.
+            if await self._wait_or_stop(t0 - self._settings.lookahead_seconds, stop):
+                return
+            k0 = 0 if offset >= 0 else min(SLICES_PER_MINUTE, math.ceil(-offset / SLICE_SECONDS))
+            n_full = minute_target(minute, self._minutes[i:], self._planned, self.remaining,
+                                   self._cap)
+            n = n_full * (SLICES_PER_MINUTE - k0) // SLICES_PER_MINUTE
+            self.stats.minute_planned, self.stats.minute_started = n, 0
+            if n == 0:
+                continue
+            self._rate = n / max(1e-9, (SLICES_PER_MINUTE - k0) * SLICE_SECONDS)
+            self._nudge.set()
+            counts = slice_counts(n, SLICES_PER_MINUTE - k0)
+            owed = 0
+            started = 0
+            for k, cnt in enumerate(counts):
+                deadline = t0 + (k0 + k) * SLICE_SECONDS
+                await self._clock.sleep_until(deadline)
+                self.stats.tick(self._clock.monotonic() - deadline)
+                if stop.is_set():
+                    break
+                owed += cnt
+                if not owed:
+                    continue
+                if self._breaker_open():
+                    # Calls would be refused at once: leave them due, re-spread later.
+                    self.stats.skipped_breaker_open += owed
+                    owed = 0
+                    continue
+                while owed and not self._queue.empty():
+                    self._start(self._queue.get_nowait())
+                    owed -= 1
+                    started += 1
+                self.stats.minute_started = started
+            self.stats.minutes.append(MinuteRecord(minute, n, started))
+            self._rate = 0.0
+        # Let the last starts finish before the day is called done.
+
+    async def _wait_or_stop(self, deadline: float, stop: asyncio.Event) -> bool:
+        """Sleep until ``deadline`` unless stopped first; True if stopped."""
+        delay = deadline - self._clock.monotonic()
+        if delay > 0 and not stop.is_set():
+            try:
+                async with self._clock.timeout(delay):
+                    await stop.wait()
+            except TimeoutError:
+                pass
+        return stop.is_set()
+
+    def _start(self, claim: work.Claim) -> None:
+        self._queued_ids.discard(claim.id)
+        self.stats.started += 1
+        self.stats.in_flight += 1
+        if self.stats.first_start is None:
+            self.stats.first_start = self._clock.monotonic()
+        task = asyncio.create_task(self._one(claim), name=f"refresh-{self.org_code}-{claim.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _one(self, claim: work.Claim) -> None:
+        try:
+            result = await self._refresh(claim)
+        except asyncio.CancelledError:
+            # Cancelled past the grace period: the call may have gone out; unknown.
+            result = RefreshResult(Outcome(Kind.TIMEOUT, detail="cancelled at shutdown"),
+                                   calls=0)
+            self._finish(claim, result)
+            raise
+        except Exception as exc:  # a bug in one refresh must not stop the day
+            log.exception("refresh crashed", extra={"action": "refresh_crashed",
+                                                    "org_code": self.org_code,
+                                                    "consent_id": claim.id})
+            result = RefreshResult(
+                Outcome(Kind.CLIENT, detail=f"internal error: {type(exc).__name__}"), calls=0)
+        self._finish(claim, result)
+
+    def _finish(self, claim: work.Claim, result: RefreshResult) -> None:
+        record = decide(claim, result, week=self._week, now=self._clock.now(),
+                        policy=self._policy)
+        self._writer.add(record)
+        s = self.stats
+        s.in_flight -= 1
+        s.calls += result.calls
+        s.by_action[record.action] += 1
+        s.by_kind[record.kind] += 1
+        if record.rsp_code:
+            s.by_code[record.rsp_code] += 1
+        if record.dead_letter:
+            s.dead_lettered += 1
+        if record.action == "not_attempted":
+            s.started -= 1  # it never reached the provider: it is still to do
+        s.last_finish = self._clock.monotonic()
+        s.breaker_state = self._breaker_state()
+
+    async def _drain(self, grace: float | None) -> None:
+        if not self._tasks:
+            return
+        pending = set(self._tasks)
+        if grace is None:
+            await asyncio.gather(*pending, return_exceptions=True)
+            return
+        try:
+            async with self._clock.timeout(grace):
+                await asyncio.gather(*pending, return_exceptions=True)
+        except TimeoutError:
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    # -- the day -----------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event, *, grace: float = 30.0) -> list[int]:
+        """Run today's remaining minutes; returns the ids of claims released unstarted."""
+        producer = asyncio.create_task(self._produce(stop), name=f"producer-{self.org_code}")
+        try:
+            await self._consume(stop)
+        finally:
+            self._claiming = False
+            producer.cancel()
+            await asyncio.gather(producer, return_exceptions=True)
+            await self._drain(grace if stop.is_set() else None)
+            self.stats.breaker_state = self._breaker_state()
+            leftovers: list[int] = []
+            while not self._queue.empty():
+                leftovers.append(self._queue.get_nowait().id)
+            self._queued_ids.clear()
+        if leftovers:
+            try:
+                await self._store.release(leftovers, worker=self._settings.worker_id)
+            except Exception as exc:
+                log.warning("release failed; the leases will expire instead", extra={
+                    "action": "release_failed", "org_code": self.org_code,
+                    "error": type(exc).__name__})
+        return leftovers
+
+    @property
+    def minutes(self) -> Sequence[int]:
+        return self._minutes

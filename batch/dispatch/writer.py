@@ -1,0 +1,102 @@
+"""Batched outcome writes: refreshes report here; one transaction per batch, never per call.
+
+If the database is unreachable the batch stays in memory and is retried with backoff; the
+dispatcher can ask whether the writer is healthy and stop claiming meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import date
+
+from batch.clock import Clock
+from batch.db.work import Record, WorkStore
+
+log = logging.getLogger("mydata.writer")
+
+
+class OutcomeWriter:
+    """Collects :class:`Record` objects and writes them every ``interval`` or ``max_batch``."""
+
+    def __init__(
+        self,
+        store: WorkStore,
+        *,
+        run_id: str,
+        worker: str,
+        day: date,
+        clock: Clock,
+        interval: float = 0.5,
+        max_batch: int = 2000,
+    ) -> None:
+        self._store = store
+        self._run_id = run_id
+        self._worker = worker
+        self._day = day
+        self._clock = clock
+        self._interval = interval
+        self._max_batch = max_batch
+        self._buffer: list[Record] = []
+        self._wake = asyncio.Event()
+        self._closing = False
+        self.written = 0
+        self.failures = 0
+        self.healthy = True
+        self.last_error: str | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._buffer)
+
+    def add(self, record: Record) -> None:
+        self._buffer.append(record)
+        if len(self._buffer) >= self._max_batch:
+            self._wake.set()
+
+    async def flush(self) -> bool:
+        """Write everything buffered now; False (and the batch kept) if the database failed."""
+        while self._buffer:
+            batch = self._buffer[: self._max_batch]
+            try:
+                await self._store.write(batch, run_id=self._run_id, worker=self._worker,
+                                        day=self._day)
+            except Exception as exc:  # the DB being down must not lose outcomes
+                self.failures += 1
+                self.healthy = False
+                self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                log.warning("outcome write failed; will retry",
+                            extra={"action": "write_failed", "error": self.last_error,
+                                   "pending": len(self._buffer)})
+                return False
+            del self._buffer[: len(batch)]
+            self.written += len(batch)
+            self.healthy = True
+        return True
+
+    async def run(self) -> None:
+        """Flush periodically until :meth:`close`; back off while the database is down."""
+        backoff = self._interval
+        while not self._closing:
+            try:
+                async with self._clock.timeout(backoff):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            ok = await self.flush()
+            backoff = self._interval if ok else min(backoff * 2, 10.0)
+
+    async def close(self, *, timeout: float = 30.0) -> bool:
+        """Stop the loop and write what is left, retrying up to ``timeout`` seconds."""
+        self._closing = True
+        self._wake.set()
+        deadline = self._clock.monotonic() + timeout
+        delay = 0.2
+        while True:
+            if await self.flush():
+                return True
+            if self._clock.monotonic() + delay > deadline:
+                return False
+            await self._clock.sleep(delay)
+            delay = min(delay * 2, 5.0)

@@ -1,0 +1,154 @@
+"""The dispatcher's pacing and lifecycle on a FakeClock with the in-memory store: no sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from datetime import date, datetime, timedelta
+
+from batch.client import RefreshResult
+from batch.clock import KST, FakeClock
+from batch.db.memory import MemoryWorkStore
+from batch.db.work import Claim
+from batch.dispatch.policy import RetryPolicy
+from batch.dispatch.provider import DispatchSettings, ProviderDispatcher
+from batch.dispatch.writer import OutcomeWriter
+from batch.resilience.outcomes import Kind, Layer, Outcome, rejected
+
+DAY = date(2026, 11, 30)
+WEEK = date(2026, 11, 29)
+ORG = "BANK000001"
+OK = Outcome(Kind.SUCCESS, "00000", 200)
+
+
+def _setup(n_consents: int, minutes: dict[int, int], *, quota: int | None = None,
+           refresh: object = None, breaker_open: object = None,
+           start: datetime | None = None) -> tuple[FakeClock, MemoryWorkStore,
+                                                   ProviderDispatcher, OutcomeWriter,
+                                                   list[tuple[float, int]]]:
+    clock = FakeClock(start or datetime(2026, 11, 30, 0, 59, 0, tzinfo=KST))
+    store = MemoryWorkStore()
+    store.add(ORG, n_consents, week=WEEK, not_before=clock.now() - timedelta(days=1))
+    starts: list[tuple[float, int]] = []
+
+    async def ok_refresh(claim: Claim) -> RefreshResult:
+        starts.append((clock.monotonic(), claim.id))
+        return RefreshResult(OK, calls=2)
+
+    writer = OutcomeWriter(store, run_id="r1", worker="w1", day=DAY, clock=clock)
+    d = ProviderDispatcher(
+        ORG, store=store, refresh=refresh or ok_refresh, writer=writer,  # type: ignore[arg-type]
+        clock=clock, settings=DispatchSettings(worker_id="w1"), policy=RetryPolicy(),
+        day=DAY, week=WEEK, quota=sum(minutes.values()) if quota is None else quota,
+        minutes=minutes, per_minute_cap=100_000,
+        breaker_open=breaker_open or (lambda: False),  # type: ignore[arg-type]
+    )
+    return clock, store, d, writer, starts
+
+
+async def _run(clock: FakeClock, d: ProviderDispatcher, writer: OutcomeWriter,
+               seconds: float, stop: asyncio.Event | None = None) -> None:
+    stop = stop or asyncio.Event()
+    wt = asyncio.create_task(writer.run())
+    task = asyncio.create_task(d.run(stop))
+    await clock.run_for(seconds)
+    await task
+    await writer.close()
+    wt.cancel()
+
+
+async def test_each_minute_starts_exactly_its_target_spread_over_100ms_slices() -> None:
+    # 01:00 -> 1200 refreshes, 01:01 -> 600: two per slice, then one per slice.
+    clock, store, d, writer, starts = _setup(2000, {60: 1200, 61: 600})
+    await _run(clock, d, writer, 200)
+    assert len(starts) == 1800
+    assert len({cid for _, cid in starts}) == 1800  # nobody twice
+    minute_start = 60.0  # the FakeClock began at 00:59:00, monotonic 0
+    first = [t for t, _ in starts if minute_start <= t < minute_start + 60]
+    second = [t for t, _ in starts if minute_start + 60 <= t < minute_start + 120]
+    assert (len(first), len(second)) == (1200, 600)
+    per_slice = Counter(round((t - minute_start) * 10) for t in first)
+    assert max(per_slice.values()) == 2 and len(per_slice) == 600
+    assert d.stats.missed_slices == 0
+    assert max(d.stats.lateness) < 1e-9
+    assert len(store.outcomes) == 1800
+    assert all(store.consents[c].due_week == WEEK + timedelta(days=7) for _, c in starts)
+
+
+async def test_a_slow_refresh_never_delays_the_next_tick() -> None:
+    clock = None
+
+    async def slow(claim: Claim) -> RefreshResult:
+        assert clock is not None
+        await clock.sleep(25)  # far longer than a slice
+        return RefreshResult(OK, calls=1)
+
+    clock, store, d, writer, _ = _setup(120, {60: 120}, refresh=slow)
+    await _run(clock, d, writer, 150)
+    assert d.stats.missed_slices == 0 and max(d.stats.lateness) < 1e-9
+    assert d.stats.succeeded == 120
+
+
+async def test_a_short_minute_is_made_up_in_the_following_minutes() -> None:
+    clock, store, d, writer, starts = _setup(300, {60: 100, 61: 100, 62: 100})
+    # Only 40 consents can be claimed during the first minute.
+    for c in list(store.consents.values())[40:]:
+        c.not_before = datetime(2026, 11, 30, 1, 1, 0, tzinfo=KST)
+    await _run(clock, d, writer, 250)
+    by_minute = Counter(int(t // 60) for t, _ in starts)
+    assert by_minute[1] == 40
+    assert by_minute[2] + by_minute[3] == 260  # the 60 missing re-spread, nothing lost
+    assert by_minute[2] == 130 and by_minute[3] == 130
+
+
+async def test_open_breaker_starts_nothing_and_leaves_consents_due() -> None:
+    clock, store, d, writer, starts = _setup(100, {60: 100}, breaker_open=lambda: True)
+    await _run(clock, d, writer, 130)
+    assert starts == []
+    assert d.stats.skipped_breaker_open == 100
+    assert all(c.lease_owner is None and c.due_week == WEEK for c in store.consents.values())
+
+
+async def test_our_own_rejections_are_not_attempts_and_stay_due() -> None:
+    async def refused(claim: Claim) -> RefreshResult:
+        return RefreshResult(rejected(Layer.LIMITER), calls=0)
+
+    clock, store, d, writer, _ = _setup(50, {60: 50}, refresh=refused)
+    await _run(clock, d, writer, 130)
+    s = d.stats.summary()
+    assert s["attempted"] == 0 and s["not_attempted"] >= 50
+    assert all(c.attempts == 0 and c.due_week == WEEK for c in store.consents.values())
+
+
+async def test_stop_releases_unstarted_claims_and_finishes_in_flight_work() -> None:
+    clock, store, d, writer, starts = _setup(6000, {60: 6000})
+    stop = asyncio.Event()
+
+    async def stopper() -> None:
+        await clock.sleep(90)  # 30 s into the minute
+        stop.set()
+
+    asyncio.create_task(stopper())
+    await _run(clock, d, writer, 200, stop=stop)
+    assert 2900 <= len(starts) <= 3100
+    leased = [c for c in store.consents.values() if c.lease_owner is not None]
+    assert leased == []  # unstarted claims were given back
+    assert len(store.outcomes) == len(starts)
+
+
+async def test_outcomes_survive_a_database_outage_during_the_run() -> None:
+    clock, store, d, writer, starts = _setup(100, {60: 100})
+    store.fail_writes = 5
+    await _run(clock, d, writer, 130)
+    assert writer.failures == 5
+    assert len(store.outcomes) == 100
+
+
+async def test_a_claim_lost_twice_to_unknown_outcomes_is_dead_lettered_not_called() -> None:
+    clock, store, d, writer, starts = _setup(3, {60: 3})
+    store.consents[1].unknown_attempts = 1
+    store.consents[1].lease_owner = "crashed-worker"
+    store.consents[1].lease_until = clock.now() - timedelta(seconds=1)
+    await _run(clock, d, writer, 130)
+    assert 1 not in {cid for _, cid in starts}
+    assert [r.consent_id for r in store.dead_letters] == [1]
