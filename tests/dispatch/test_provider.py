@@ -83,7 +83,7 @@ async def test_a_slow_refresh_never_delays_the_next_tick() -> None:
         await clock.sleep(25)  # far longer than a slice
         return RefreshResult(OK, calls=1)
 
-    clock, store, d, writer, _ = _setup(120, {60: 120}, refresh=slow)
+    clock, _store, d, writer, _ = _setup(120, {60: 120}, refresh=slow)
     await _run(clock, d, writer, 150)
     assert d.stats.missed_slices == 0 and max(d.stats.lateness) < 1e-9
     assert d.stats.succeeded == 120
@@ -128,8 +128,9 @@ async def test_stop_releases_unstarted_claims_and_finishes_in_flight_work() -> N
         await clock.sleep(90)  # 30 s into the minute
         stop.set()
 
-    asyncio.create_task(stopper())
+    stopping = asyncio.create_task(stopper())
     await _run(clock, d, writer, 200, stop=stop)
+    await stopping
     assert 2900 <= len(starts) <= 3100
     leased = [c for c in store.consents.values() if c.lease_owner is not None]
     assert leased == []  # unstarted claims were given back
@@ -137,7 +138,7 @@ async def test_stop_releases_unstarted_claims_and_finishes_in_flight_work() -> N
 
 
 async def test_outcomes_survive_a_database_outage_during_the_run() -> None:
-    clock, store, d, writer, starts = _setup(100, {60: 100})
+    clock, store, d, writer, _starts = _setup(100, {60: 100})
     store.fail_writes = 5
     await _run(clock, d, writer, 130)
     assert writer.failures == 5
