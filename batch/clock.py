@@ -221,3 +221,73 @@ class _FakeTimeout:
 async def _settle(rounds: int) -> None:
     for _ in range(rounds):
         await asyncio.sleep(0)
+
+
+class ScaledClock:
+    """Real time run ``speed`` times faster, from a shared anchor: demos and integration tests.
+
+    Wall time is ``start + (time.time() - anchor) * speed``, so two processes given the same
+    start, anchor and speed agree on what time it is (e.g. a ``run`` and a simulator in
+    separate processes). Never used in production.
+    """
+
+    __slots__ = ("_anchor", "_speed", "_start", "tz")
+
+    def __init__(self, speed: float, *, start: datetime, anchor: float | None = None) -> None:
+        if speed <= 0:
+            raise ValueError("speed must be positive")
+        if start.tzinfo is None:
+            raise ValueError("start must be timezone-aware")
+        self._speed = speed
+        self._start = start
+        self._anchor = time.time() if anchor is None else anchor
+        self.tz = start.tzinfo
+
+    @property
+    def speed(self) -> float:
+        return self._speed
+
+    def spec(self) -> str:
+        """The ``MYDATA_CLOCK`` value that reproduces this clock in another process."""
+        return f"speed={self._speed};start={self._start.isoformat()};anchor={self._anchor!r}"
+
+    def monotonic(self) -> float:
+        return time.monotonic() * self._speed
+
+    def now(self) -> datetime:
+        return self._start + timedelta(seconds=(time.time() - self._anchor) * self._speed)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds) / self._speed)
+
+    async def sleep_until(self, deadline: float) -> None:
+        delay = (deadline - self.monotonic()) / self._speed
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[object]:
+        return asyncio.timeout(None if seconds is None else seconds / self._speed)
+
+
+def clock_from_spec(spec: str | None) -> Clock:
+    """``None``/empty: the system clock; else a :class:`ScaledClock` from ``MYDATA_CLOCK``.
+
+    Spec: ``speed=20;start=2026-11-30T00:59:00+09:00[;anchor=<unix seconds>]``.
+    """
+    if not spec:
+        return SystemClock()
+    parts: dict[str, str] = {}
+    for item in spec.split(";"):
+        if "=" not in item:
+            raise ValueError(f"MYDATA_CLOCK: {item!r} is not key=value")
+        k, v = item.split("=", 1)
+        parts[k.strip()] = v.strip()
+    try:
+        speed = float(parts.get("speed", "1"))
+        start = datetime.fromisoformat(parts["start"]) if "start" in parts else datetime.now(KST)
+        anchor = float(parts["anchor"]) if "anchor" in parts else None
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"MYDATA_CLOCK {spec!r}: {exc}") from None
+    if start.tzinfo is None:
+        start = start.replace(tzinfo=KST)
+    return ScaledClock(speed, start=start, anchor=anchor)

@@ -1,0 +1,52 @@
+"""Click option types shared by commands."""
+
+from __future__ import annotations
+
+import os
+from datetime import date
+from typing import Any
+
+import click
+
+from batch.clock import Clock, clock_from_spec
+from planning.windows import Window, WindowError, parse_window
+
+
+class WindowParam(click.ParamType):
+    """``HHMM:HHMM``, any minute (overrides are not held to 30-minute steps)."""
+
+    name = "HHMM:HHMM"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Window:
+        if isinstance(value, Window):
+            return value
+        try:
+            return parse_window(str(value), step=1)
+        except WindowError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class DateParam(click.ParamType):
+    name = "YYYY-MM-DD"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> date:
+        if isinstance(value, date):
+            return value
+        try:
+            return date.fromisoformat(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is not a date like 2026-11-30", param, ctx)
+
+
+WINDOW = WindowParam()
+DATE = DateParam()
+
+
+def clock_from_env() -> Clock:
+    """The system clock, unless MYDATA_CLOCK asks for a scaled one (demos, tests)."""
+    try:
+        return clock_from_spec(os.environ.get("MYDATA_CLOCK"))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None

@@ -1,0 +1,40 @@
+"""``mydata-batch requeue``: send dead-lettered consents back into this week's work."""
+
+from __future__ import annotations
+
+import click
+
+from batch.cli import Settings, main, with_engine
+from batch.cli.options import clock_from_env
+
+
+@main.command("requeue")
+@click.option("--org", "org_code", default=None, metavar="ORG_CODE",
+              help="Only this provider's dead letters.")
+@click.option("--id", "ids", type=int, multiple=True, help="Only these dead-letter ids.")
+@click.option("--all", "all_", is_flag=True, help="Every open dead letter.")
+@click.option("--list", "list_only", is_flag=True, help="List open dead letters; change nothing.")
+@click.pass_obj
+def requeue_cmd(settings: Settings, org_code: str | None, ids: tuple[int, ...], all_: bool,
+                list_only: bool) -> None:
+    """Requeue dead-lettered consents: due again this week, attempts reset.
+
+    Choose what with --org, --id or --all (one of them is required unless --list).
+    """
+    from batch.db.deadletters import list_open, requeue
+
+    clock = clock_from_env()
+    if list_only:
+        rows = with_engine(settings, lambda e: list_open(e, org_code=org_code))
+        if not rows:
+            click.echo("no open dead letters")
+        for r in rows:
+            click.echo(f"{r.id:>8}  {r.org_code}  consent {r.consent_id:>10}  week {r.week_start}"
+                       f"  attempts {r.attempts}  entered {r.entered_at:%Y-%m-%d %H:%M}  "
+                       f"{r.last_error or ''}")
+        return
+    if not (org_code or ids or all_):
+        raise click.UsageError("say which: --org ORG_CODE, --id N or --all (or --list)")
+    n = with_engine(settings, lambda e: requeue(e, now=clock.now(), org_code=org_code,
+                                                ids=ids))
+    click.echo(f"requeued {n} consent(s)")
