@@ -21,6 +21,7 @@ Every error is one line naming the file and the field.
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -33,6 +34,7 @@ from batch.errors import ConfigError
 FAULT_KINDS = ("50001", "50002", "50003", "50005", "reset")
 EVENT_KINDS = ("down", "slow", "error")
 DOWN_MODES = ("503", "reset")
+_AT_LINE = re.compile(r"\(at line (\d+), column \d+\)")
 _CODE_STATUS = {"400": 400, "401": 401, "403": 403, "404": 404, "429": 429, "500": 500}
 
 
@@ -261,6 +263,9 @@ def parse_scenario(text: str, *, source: str = "<scenario>", fmt: str = "toml") 
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
         line = getattr(exc, "lineno", None)
         msg = getattr(exc, "msg", str(exc))
+        m = _AT_LINE.search(msg)
+        if m is not None:  # tomllib puts the position in the message
+            line, msg = int(m.group(1)), msg[:m.start()].rstrip()
         raise ConfigError(f"not valid {fmt.upper()}: {msg}", file=source, line=line) from None
     if not isinstance(doc, Mapping):
         raise ConfigError("must be a table/object at the top level", file=source)
