@@ -12,7 +12,7 @@ import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, datetime
 from statistics import NormalDist
 from typing import Any
 
@@ -111,11 +111,26 @@ class ProviderSim:
         # rule state
         self._transfers: dict[str, tuple[date, int]] = {}
         self._tran_day: date | None = None
+        self._week = date.min
+        self._minute = (-1, False)
+        self._stamp_cache: tuple[datetime | None, str] = (None, "")
         self._tran_ids: set[str] = set()
         # token state: issued tokens are never expired and alias back to their consent
         self._alias: dict[str, str] = {}
         self._refresh_roots: dict[str, str] = {}
         self._issued = 0
+
+    def _in_windows(self, minute: int) -> bool:
+        if self._minute[0] != minute:
+            self._minute = (minute, in_windows(self.windows, minute))
+        return self._minute[1]
+
+    def _stamp(self, wall: datetime) -> str:
+        """``search_timestamp`` (yyyymmddhhmmss), formatted once a second."""
+        second = wall.replace(microsecond=0)
+        if self._stamp_cache[0] != second:
+            self._stamp_cache = (second, second.strftime("%Y%m%d%H%M%S"))
+        return self._stamp_cache[1]
 
     # -- fates ---------------------------------------------------------------------------
     def _units(self, text: str) -> tuple[float, float, float, float]:
@@ -200,6 +215,7 @@ class ProviderSim:
         today = wall.date()
         if today != self._tran_day:
             self._tran_day = today
+            self._week = week_start(today)
             self._tran_ids.clear()
         if tran in self._tran_ids:
             self._violation("duplicate_tran_id")
@@ -215,11 +231,11 @@ class ProviderSim:
             self._violation("concurrency")
             return self._reply("42902", delay, tran)
         scheduled = api_type == "scheduled"
-        if scheduled and not in_windows(self.windows, wall.hour * 60 + wall.minute):
+        if scheduled and not self._in_windows(wall.hour * 60 + wall.minute):
             self._violation("window")
             return self._reply(self.behaviour.window_reject_code, delay, tran)
         # the request itself
-        stamp = {"search_timestamp": wall.strftime("%Y%m%d%H%M%S")}
+        stamp = {"search_timestamp": self._stamp(wall)}
         r = self.routes
         key = self.consent_of(token)
         page: list[str] = []
@@ -239,7 +255,7 @@ class ProviderSim:
                 next_page = offset + limit
             starts_transfer = scheduled and "next_page" not in query
             if starts_transfer:
-                week = week_start(today)
+                week = self._week
                 seen = self._transfers.get(key)
                 if seen is not None and seen[0] == week:
                     self._violation("second_transfer")
@@ -263,7 +279,7 @@ class ProviderSim:
                     break
         if fault is not None:
             if starts_transfer and fault == "50003" and self.behaviour.timeout_counts_as_transfer:
-                self._record_transfer(key, week_start(today))
+                self._record_transfer(key, self._week)
             if fault == "reset":
                 return Reply(0, "reset", None, delay, reset=True)
             return self._reply(fault, delay, tran)
@@ -273,7 +289,7 @@ class ProviderSim:
                                     "balance_amt": str(int(self._units(item_id)[3] * 1e7))}
             return self._reply("00000", delay, tran, data)
         if starts_transfer:
-            self._record_transfer(key, week_start(today))
+            self._record_transfer(key, self._week)
         data = {**stamp, r.count_key: len(page),
                 r.list_key: [{r.id_key: i, "is_consent": True} for i in page]}
         if next_page is not None:
