@@ -12,12 +12,14 @@ import asyncio
 import itertools
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import textwrap
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -25,7 +27,8 @@ import pytest
 
 from batch.simulator import SimulatorProcess
 
-SECONDS = float(os.environ.get("SIM_BENCH_SECONDS", "3"))
+SECONDS = float(os.environ.get("SIM_BENCH_SECONDS", "2"))
+ROUNDS = int(os.environ.get("SIM_BENCH_ROUNDS", "3"))  # alternate servers, report medians
 CONCURRENCY = (10, 50, 100)
 _COUNTER = itertools.count()  # across runs: every call a new token and tran id
 
@@ -53,8 +56,20 @@ def _free_port() -> int:
         return port
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Hello:
+    url: str
+    pid: int
+
+
 @pytest.fixture
-def hello_url() -> Iterator[str]:
+def hello() -> Iterator[Hello]:
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-c", HELLO, str(port)])
     url = f"http://127.0.0.1:{port}"
@@ -65,7 +80,7 @@ def hello_url() -> Iterator[str]:
                 break
             except OSError:
                 time.sleep(0.05)
-        yield url
+        yield Hello(url, proc.pid)
     finally:
         proc.terminate()
         proc.wait(10)
@@ -119,22 +134,34 @@ async def client_loop(base: str, concurrency: int, seconds: float) -> tuple[int,
     return calls, ok
 
 
-def test_simulator_sustained_calls_per_second(sim: SimulatorProcess, hello_url: str) -> None:
-    base = sim.urls["BANK000001"]
+def test_simulator_sustained_calls_per_second(sim: SimulatorProcess, hello: Hello) -> None:
+    base, hello_url = sim.urls["BANK000001"], hello.url
+    assert sim.pid is not None
     asyncio.run(client_loop(base, 10, 0.5))  # warm up both sides
     asyncio.run(client_loop(hello_url, 10, 0.5))
     sim.reset()
-    print(f"\nsimulator vs trivial aiohttp server, bare aiohttp client loop, {SECONDS:g} s each "
-          f"({os.cpu_count()} CPUs; client and each server in its own process)")
+    print(f"\nsimulator vs trivial aiohttp server, bare aiohttp client loop, {SECONDS:g} s x "
+          f"{ROUNDS} alternating rounds, medians ({os.cpu_count()} CPUs; client and each "
+          "server in its own process)")
     print(f"{'concurrency':>11} {'simulator/s':>12} {'hello/s':>10} {'ratio':>6}")
-    sent = 0
+    sent = h_sent = 0
+    cpu0, h_cpu0 = _cpu_seconds(sim.pid), _cpu_seconds(hello.pid)
     for conc in CONCURRENCY:
-        calls, ok = asyncio.run(client_loop(base, conc, SECONDS))
-        h_calls, _ = asyncio.run(client_loop(hello_url, conc, SECONDS))
-        sent += calls
-        assert ok == calls  # every call answered 00000: the rules were not in the way
-        s_rate, h_rate = calls / SECONDS, h_calls / SECONDS
+        s_rates, h_rates = [], []
+        for _ in range(ROUNDS):
+            calls, ok = asyncio.run(client_loop(base, conc, SECONDS))
+            assert ok == calls  # every call answered 00000: the rules were not in the way
+            sent += calls
+            s_rates.append(calls / SECONDS)
+            h_calls, _ = asyncio.run(client_loop(hello_url, conc, SECONDS))
+            h_rates.append(h_calls / SECONDS)
+            h_sent += h_calls
+        s_rate, h_rate = statistics.median(s_rates), statistics.median(h_rates)
         print(f"{conc:>11} {s_rate:>12,.0f} {h_rate:>10,.0f} {s_rate / h_rate:>6.2f}")
+    cpu, h_cpu = _cpu_seconds(sim.pid) - cpu0, _cpu_seconds(hello.pid) - h_cpu0
+    print(f"server CPU per call: simulator {cpu / sent * 1e6:,.0f} us, hello "
+          f"{h_cpu / h_sent * 1e6:,.0f} us -> one simulator core can serve about "
+          f"{sent / cpu:,.0f} calls/s (hello {h_sent / h_cpu:,.0f})")
     stats = sim.stats()["total"]
     assert stats["calls"] == sent  # the server counted exactly what the client sent
     print(f"server saw {stats['calls']} calls, peak_1s={stats['peak_1s']}, "
