@@ -28,7 +28,7 @@ async def test_calls_past_the_bucket_get_42902_until_it_refills(
 
 
 async def test_burst_is_configurable(start_sim: StartSim) -> None:
-    sim, c = await start_sim(Scenario(defaults=Behaviour(latency_median_ms=0, burst=5)),
+    _sim, c = await start_sim(Scenario(defaults=Behaviour(latency_median_ms=0, burst=5)),
                              cps={"BANK000001": 10})
     codes = [(await c.bank_list(f"t{i}", api_type="user-search")).body["rsp_code"]
              for i in range(6)]
@@ -52,7 +52,7 @@ async def test_outage_starts_and_ends_on_time_on_the_injected_clock(
         start_sim: StartSim, clock: FakeClock) -> None:
     scen = Scenario(defaults=Behaviour(latency_median_ms=0),
                     timeline=(Event("BANK000001", 30, 90, "down"),))
-    sim, c = await start_sim(scen)
+    _sim, c = await start_sim(scen)
 
     async def code() -> str:
         return str((await c.bank_list("t", api_type="user-search")).body["rsp_code"])
@@ -89,7 +89,7 @@ async def test_error_event_answers_its_code_at_its_rate(start_sim: StartSim,
     scen = Scenario(defaults=Behaviour(latency_median_ms=0),
                     timeline=(Event("BANK000001", 5, 6, "error", code="50002", rate=1.0),
                               Event("BANK000001", 10, 11, "error", code="50001", rate=0.5)))
-    sim, c = await start_sim(scen)
+    _sim, c = await start_sim(scen)
     clock.advance(5)
     assert (await c.bank_list("t", api_type="user-search")).body["rsp_code"] == "50002"
     clock.advance(5)
@@ -128,7 +128,7 @@ async def test_faults_are_reproducible_for_the_same_seed_and_tran_ids(
         "50001": 0.1, "50002": 0.1, "50003": 0.1, "50005": 0.1}))
     runs = []
     for _ in range(2):
-        sim, c = await start_sim(scen, seed=7)
+        _sim, c = await start_sim(scen, seed=7)
         tran = (f"OPERATOR01M{i:014d}" for i in range(100))
         runs.append([(await c.bank_list("t", api_type="user-search", tran=next(tran)))
                      .body["rsp_code"] for _ in range(100)])
@@ -149,7 +149,7 @@ async def test_dead_assets_stay_dead(start_sim: StartSim) -> None:
 
 async def test_dead_fraction_kills_the_same_items_every_time(start_sim: StartSim) -> None:
     scen = Scenario(defaults=Behaviour(latency_median_ms=0, dead_asset_fraction=0.3))
-    sim, c = await start_sim(scen)
+    _sim, c = await start_sim(scen)
     first = [(await c.bank_detail(f"acc-{i}")).body["rsp_code"] for i in range(50)]
     again = [(await c.bank_detail(f"acc-{i}")).body["rsp_code"] for i in range(50)]
     assert first == again
@@ -161,7 +161,7 @@ async def test_dead_fraction_kills_the_same_items_every_time(start_sim: StartSim
 
 
 async def test_detail_without_its_id_is_40001(start_sim: StartSim) -> None:
-    sim, c = await start_sim()
+    _sim, c = await start_sim()
     a = await c.send("POST", f"{c.urls['BANK000001']}/v1/bank/accounts/deposit/basic",
                      json={"org_code": "BANK000001"}, headers=c.headers())
     assert (a.status, a.body["rsp_code"]) == (400, "40001")

@@ -12,7 +12,7 @@ from tests.simulator.conftest import StartSim, tran_id
                                  "OPERATOR01M00000000-00001"])
 async def test_malformed_tran_id_is_40002_before_type_and_token(start_sim: StartSim,
                                                                bad: str | None) -> None:
-    sim, c = await start_sim()
+    _sim, c = await start_sim()
     headers = {"x-api-type": "nonsense"}
     if bad is not None:
         headers["x-api-tran-id"] = bad
@@ -26,13 +26,13 @@ async def test_malformed_tran_id_is_40002_before_type_and_token(start_sim: Start
 @pytest.mark.parametrize("api_type", [None, "batch", "SCHEDULED"])
 async def test_unknown_api_type_is_40001_before_token(start_sim: StartSim,
                                                       api_type: str | None) -> None:
-    sim, c = await start_sim()
+    _sim, c = await start_sim()
     a = await c.bank_list(api_type=api_type, token=None)  # type: ignore[arg-type]
     assert (a.status, a.body["rsp_code"]) == (400, "40001")
 
 
 async def test_missing_bearer_token_is_40101(start_sim: StartSim) -> None:
-    sim, c = await start_sim()
+    _sim, c = await start_sim()
     h = c.headers(token=None)
     a = await c.send("GET", f"{c.urls['BANK000001']}/v1/bank/accounts", headers=h)
     assert (a.status, a.body["rsp_code"]) == (401, "40101")
@@ -43,7 +43,7 @@ async def test_missing_bearer_token_is_40101(start_sim: StartSim) -> None:
 
 async def test_token_the_scenario_marks_expired_is_40101_and_others_pass(
         start_sim: StartSim) -> None:
-    sim, c = await start_sim(Scenario(defaults=Behaviour(latency_median_ms=0,
+    _sim, c = await start_sim(Scenario(defaults=Behaviour(latency_median_ms=0,
                                                          expired_tokens=frozenset({"old"}))))
     assert (await c.bank_list("old")).body["rsp_code"] == "40101"
     assert (await c.bank_list("anything-else")).body["rsp_code"] == "00000"
@@ -51,7 +51,7 @@ async def test_token_the_scenario_marks_expired_is_40101_and_others_pass(
 
 async def test_expired_fraction_is_deterministic_by_token(start_sim: StartSim) -> None:
     scen = Scenario(defaults=Behaviour(latency_median_ms=0, expired_token_fraction=0.5))
-    sim, c = await start_sim(scen)
+    _sim, c = await start_sim(scen)
     first = [(await c.bank_list(f"t{i}", api_type="user-search")).body["rsp_code"]
              for i in range(40)]
     again = [(await c.bank_list(f"t{i}", api_type="user-search")).body["rsp_code"]
@@ -81,7 +81,7 @@ async def test_duplicate_tran_id_in_a_day_is_counted_and_rejected_when_configure
     assert a.body["rsp_code"] == "00000"
     assert sim.stats()["providers"]["BANK000001"]["violations"]["duplicate_tran_id"] == 1
 
-    sim2, c2 = await start_sim(Scenario(defaults=Behaviour(latency_median_ms=0,
+    _sim2, c2 = await start_sim(Scenario(defaults=Behaviour(latency_median_ms=0,
                                                            reject_duplicate_tran_id=True)))
     await c2.bank_list("a", api_type="user-search", tran=t)
     a = await c2.bank_list("a", api_type="user-search", tran=t)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -20,9 +21,10 @@ def _get(url: str, token: str, api_type: str = "scheduled") -> str:
         "x-api-tran-id": tran_id(), "x-api-type": api_type, "Authorization": f"Bearer {token}"})
     try:
         with urllib.request.urlopen(req, timeout=5) as resp:
-            return resp.read().decode()
+            body: bytes = resp.read()
     except urllib.error.HTTPError as exc:
-        return exc.read().decode()
+        body = exc.read()
+    return body.decode()
 
 
 def test_simulator_process_serves_counts_resets_and_prints_a_summary(tmp_path: Path) -> None:

@@ -81,7 +81,7 @@ async def test_window_rejection_code_is_configurable(start_sim: StartSim,
 
 async def test_window_override_replaces_every_providers_windows(
         start_sim: StartSim, clock: FakeClock) -> None:
-    sim, c = await start_sim(window_override=[parse_window("1201:1203", step=1)])
+    _sim, c = await start_sim(window_override=[parse_window("1201:1203", step=1)])
     clock.set_now(datetime(2026, 11, 30, 12, 2, tzinfo=KST))
     assert (await c.bank_list("tok-a")).body["rsp_code"] == "00000"
     clock.set_now(datetime(2026, 11, 30, 12, 3, tzinfo=KST))
@@ -91,7 +91,7 @@ async def test_window_override_replaces_every_providers_windows(
 
 
 async def test_pages_walk_every_item_once_and_limit_is_checked(start_sim: StartSim) -> None:
-    sim, c = await start_sim(Scenario(defaults=Behaviour(latency_median_ms=0, items_min=1,
+    _sim, c = await start_sim(Scenario(defaults=Behaviour(latency_median_ms=0, items_min=1,
                                                          items_max=7)))
     for token in ("p1", "p2", "p3"):
         whole = (await c.bank_list(token, api_type="user-search")).body

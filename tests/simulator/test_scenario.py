@@ -103,7 +103,7 @@ async def test_scenario_naming_an_unknown_provider_is_refused() -> None:
 
 def test_base_urls_off_loopback_or_ambiguous_are_refused() -> None:
     text = institutions_toml().replace("http://127.0.0.1", "http://10.0.0.1", 1)
-    with pytest.raises(ConfigError, match="only 127.0.0.1"):
+    with pytest.raises(ConfigError, match=r"only 127\.0\.0\.1"):
         Simulator(parse_institutions(text))
     text = institutions_toml().replace("/INVEST0001", "/CARD000001")
     with pytest.raises(ConfigError, match="path prefix"):

@@ -12,7 +12,7 @@ from tests.simulator.conftest import StartSim
 
 async def test_refresh_answers_a_new_token_that_works_even_when_all_tokens_expire(
         start_sim: StartSim) -> None:
-    sim, c = await start_sim(Scenario(defaults=Behaviour(latency_median_ms=0,
+    _sim, c = await start_sim(Scenario(defaults=Behaviour(latency_median_ms=0,
                                                          expired_token_fraction=1.0)))
     assert (await c.bank_list("old-access")).body["rsp_code"] == "40101"
     url = f"{c.urls['BANK000001']}/oauth/2.0/token"
@@ -30,7 +30,7 @@ async def test_refresh_answers_a_new_token_that_works_even_when_all_tokens_expir
 
 async def test_refresh_with_wrong_grant_or_no_refresh_token_is_40001(
         start_sim: StartSim) -> None:
-    sim, c = await start_sim()
+    _sim, c = await start_sim()
     url = f"{c.urls['BANK000001']}/oauth/2.0/token"
     for data in ({"grant_type": "password", "refresh_token": "r"}, {"grant_type": "refresh_token"}):
         a = await c.send("POST", url, data=data)
@@ -129,7 +129,7 @@ async def test_unknown_route_is_404_with_the_tran_id(start_sim: StartSim) -> Non
 
 async def test_the_same_week_ends_on_saturday_night_kst(start_sim: StartSim,
                                                         clock: FakeClock) -> None:
-    sim, c = await start_sim()
+    _sim, c = await start_sim()
     clock.set_now(datetime(2026, 12, 5, 23, 59, tzinfo=KST))  # Saturday 23:59 KST
     assert (await c.bank_list("w")).body["rsp_code"] == "00000"
     clock.set_now(datetime(2026, 12, 6, 0, 0, tzinfo=KST))  # Sunday 00:00: next week
