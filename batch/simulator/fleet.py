@@ -132,6 +132,11 @@ class ProviderSim:
             self._stamp_cache = (second, second.strftime("%Y%m%d%H%M%S"))
         return self._stamp_cache[1]
 
+    def _down(self) -> Event | None:
+        """The ``down`` event in force now, if any."""
+        t = self.clock.monotonic() - self.started_at
+        return next((e for e in self.events if e.kind == "down" and e.active(t)), None)
+
     # -- fates ---------------------------------------------------------------------------
     def _units(self, text: str) -> tuple[float, float, float, float]:
         d = hashlib.blake2b(f"{self.seed}|{self.org}|{text}".encode(), digest_size=16).digest()
@@ -305,6 +310,10 @@ class ProviderSim:
         """
         tran = headers.get("x-api-tran-id")
         delay = self._latency(self._units(tran or "")[1])
+        down = self._down()
+        if down is not None:
+            return Reply(0, "reset", None, 0.0, reset=True) if down.mode == "reset" else \
+                self._reply("50005", delay, tran)
         rt = form.get("refresh_token", "")
         if form.get("grant_type") != "refresh_token" or not rt:
             return self._reply("40001", delay, tran)

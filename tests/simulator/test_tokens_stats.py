@@ -6,7 +6,7 @@ import json
 from datetime import datetime
 
 from batch.clock import KST, FakeClock
-from batch.simulator import Behaviour, Scenario, consent_key
+from batch.simulator import Behaviour, Event, Scenario, consent_key
 from tests.simulator.conftest import StartSim
 
 
@@ -134,3 +134,16 @@ async def test_the_same_week_ends_on_saturday_night_kst(start_sim: StartSim,
     assert (await c.bank_list("w")).body["rsp_code"] == "00000"
     clock.set_now(datetime(2026, 12, 6, 0, 0, tzinfo=KST))  # Sunday 00:00: next week
     assert (await c.bank_list("w")).body["rsp_code"] == "00000"
+
+
+async def test_token_refresh_fails_while_the_provider_is_down(start_sim: StartSim,
+                                                             clock: FakeClock) -> None:
+    sim, c = await start_sim(Scenario(defaults=Behaviour(latency_median_ms=0),
+                                      timeline=(Event("BANK000001", 10, 20, "down"),)))
+    url = f"{c.urls['BANK000001']}/oauth/2.0/token"
+    data = {"grant_type": "refresh_token", "refresh_token": "r"}
+    clock.advance(10)
+    a = await c.send("POST", url, data=data)
+    assert (a.status, a.body["rsp_code"]) == (503, "50005")
+    clock.advance(10)
+    assert (await c.send("POST", url, data=data)).status == 200
