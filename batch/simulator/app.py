@@ -25,7 +25,7 @@ from batch.config import Institutions
 from batch.errors import ConfigError
 from batch.routes import TOKEN_PATH
 from batch.simulator.fleet import ProviderSim, build_fleet
-from batch.simulator.scenario import Scenario
+from batch.simulator.scenario import Event, Scenario
 from batch.simulator.stats import ProviderStats
 from planning.windows import Window
 
@@ -70,7 +70,9 @@ class Simulator:
         self.seed = seed
         self.total = ProviderStats()
         self.providers: dict[str, ProviderSim] = {}
-        self._runners: list[web.BaseRunner] = []
+        self._runners: dict[int, web.BaseRunner] = {}
+        self._sites: dict[int, web.TCPSite] = {}
+        self._tasks: list[asyncio.Task[None]] = []
         # per port: (method, path) -> (sim, kind); (method, head) -> sim for ids in the path
         self._exact: dict[int, dict[tuple[str, str], tuple[ProviderSim | None, int]]] = {}
         self._by_head: dict[int, dict[tuple[str, str], ProviderSim]] = {}
@@ -108,22 +110,62 @@ class Simulator:
                 heads[(r.detail_method, head)] = sim
             else:
                 exact[(r.detail_method, prefix + r.detail_route)] = (sim, _DETAIL)
+        refusals = self._refusals()
         try:
             for port in self._exact:
                 server = web.Server(self._make_handler(port), access_log=None)
                 runner = web.ServerRunner(server, shutdown_timeout=1.0)
                 await runner.setup()
-                self._runners.append(runner)
-                site = web.TCPSite(runner, "127.0.0.1", port, backlog=1024,
-                                   reuse_address=True)
-                await site.start()
+                self._runners[port] = runner
+                await self._listen(port)
         except OSError as exc:
             await self.stop()
             raise ConfigError(f"cannot listen on 127.0.0.1: {exc.strerror or exc}") from None
+        t0 = self.clock.monotonic()
+        self._tasks = [asyncio.create_task(self._refuse(port, t0 + ev.start, t0 + ev.end))
+                       for port, ev in refusals]
+
+    def _refusals(self) -> list[tuple[int, Event]]:
+        """(port, event) for each ``down``/``refuse`` event; it must cover the whole port."""
+        out = []
+        for i, ev in enumerate(self.scenario.timeline):
+            if ev.kind != "down" or ev.mode != "refuse":
+                continue
+            ports = {_address(p.base_url, p.org_code)[0] for p in self.institutions.providers
+                     if ev.applies_to(p.org_code)}
+            for port in sorted(ports):
+                if ev.provider != "*" and len(self._ports[port]) > 1:
+                    raise ConfigError(
+                        f"mode 'refuse' closes port {port}, which other providers share; "
+                        "use 'reset' or give the provider a port of its own",
+                        field=f"timeline[{i}].mode")
+                out.append((port, ev))
+        return out
+
+    async def _listen(self, port: int) -> None:
+        site = web.TCPSite(self._runners[port], "127.0.0.1", port, backlog=1024,
+                           reuse_address=True)
+        await site.start()
+        self._sites[port] = site
+
+    async def _refuse(self, port: int, start: float, end: float) -> None:
+        """Close the port's listener from ``start`` to ``end`` (the simulator's clock)."""
+        await self.clock.sleep_until(start)
+        site = self._sites.pop(port, None)
+        if site is not None:
+            await site.stop()
+        await self.clock.sleep_until(end)
+        if port not in self._sites and port in self._runners:
+            await self._listen(port)
 
     async def stop(self) -> None:
-        runners, self._runners = self._runners, []
-        for runner in runners:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        runners, self._runners = self._runners, {}
+        self._sites.clear()
+        for runner in runners.values():
             await runner.cleanup()
 
     async def __aenter__(self) -> Simulator:

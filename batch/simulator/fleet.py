@@ -198,7 +198,7 @@ class ProviderSim:
                 if not ev.active(t):
                     continue
                 if ev.kind == "down":
-                    if ev.mode == "reset":
+                    if ev.mode != "503":  # refuse: a request on a kept-alive connection
                         return Reply(0, "reset", None, 0.0, reset=True)
                     return self._reply("50005", delay, tran)
                 if ev.kind == "slow":
@@ -312,7 +312,7 @@ class ProviderSim:
         delay = self._latency(self._units(tran or "")[1])
         down = self._down()
         if down is not None:
-            return Reply(0, "reset", None, 0.0, reset=True) if down.mode == "reset" else \
+            return Reply(0, "reset", None, 0.0, reset=True) if down.mode != "503" else \
                 self._reply("50005", delay, tran)
         rt = form.get("refresh_token", "")
         if form.get("grant_type") != "refresh_token" or not rt:

@@ -13,7 +13,9 @@ A scenario file is TOML (or JSON, by extension ``.json``)::
     start = 30
     end = 90
     kind = "down"                   # down | slow | error
-    mode = "503"                    # down: "503" (503 50005) or "reset" (connection reset)
+    mode = "503"                    # down: "503" (503 50005), "reset" (connection reset) or
+                                    # "refuse" (port closed: connection refused; needs the
+                                    # event to cover every provider on that host:port)
 
 Every error is one line naming the file and the field.
 """
@@ -33,7 +35,7 @@ from batch.errors import ConfigError
 #: Fault kinds a provider may answer at random: response codes, or a connection reset.
 FAULT_KINDS = ("50001", "50002", "50003", "50005", "reset")
 EVENT_KINDS = ("down", "slow", "error")
-DOWN_MODES = ("503", "reset")
+DOWN_MODES = ("503", "reset", "refuse")
 _AT_LINE = re.compile(r"\(at line (\d+), column \d+\)")
 _CODE_STATUS = {"400": 400, "401": 401, "403": 403, "404": 404, "429": 429, "500": 500}
 

@@ -165,3 +165,51 @@ async def test_detail_without_its_id_is_40001(start_sim: StartSim) -> None:
     a = await c.send("POST", f"{c.urls['BANK000001']}/v1/bank/accounts/deposit/basic",
                      json={"org_code": "BANK000001"}, headers=c.headers())
     assert (a.status, a.body["rsp_code"]) == (400, "40001")
+
+
+async def _settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_down_in_refuse_mode_closes_the_port_on_time(start_sim: StartSim,
+                                                           clock: FakeClock) -> None:
+    scen = Scenario(defaults=Behaviour(latency_median_ms=0),
+                    timeline=(Event("BANK000001", 30, 90, "down", mode="refuse"),))
+    _sim, c = await start_sim(scen)
+    port = int(c.urls["BANK000001"].rsplit(":", 1)[1])
+
+    async def connects() -> bool:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except ConnectionRefusedError:
+            return False
+        writer.close()
+        await writer.wait_closed()
+        return True
+
+    await _settle()
+    assert await connects()
+    clock.advance(29.9)
+    await _settle()
+    assert await connects()
+    clock.advance(0.1)
+    await _settle()
+    assert not await connects()
+    clock.advance(60)
+    await _settle()
+    assert await connects()
+    assert (await c.bank_list("t")).body["rsp_code"] == "00000"
+
+
+async def test_refuse_mode_may_not_close_a_port_other_providers_share() -> None:
+    from batch.config import parse_institutions
+    from batch.errors import ConfigError
+    from batch.simulator import Simulator
+    from tests.simulator.conftest import institutions_toml
+
+    scen = Scenario(timeline=(Event("CARD000001", 0, 1, "down", mode="refuse"),))
+    sim = Simulator(parse_institutions(institutions_toml()), scen)
+    with pytest.raises(ConfigError) as err:
+        await sim.start()
+    assert err.value.field == "timeline[0].mode"

@@ -138,7 +138,7 @@ async def test_the_same_week_ends_on_saturday_night_kst(start_sim: StartSim,
 
 async def test_token_refresh_fails_while_the_provider_is_down(start_sim: StartSim,
                                                              clock: FakeClock) -> None:
-    sim, c = await start_sim(Scenario(defaults=Behaviour(latency_median_ms=0),
+    _sim, c = await start_sim(Scenario(defaults=Behaviour(latency_median_ms=0),
                                       timeline=(Event("BANK000001", 10, 20, "down"),)))
     url = f"{c.urls['BANK000001']}/oauth/2.0/token"
     data = {"grant_type": "refresh_token", "refresh_token": "r"}
