@@ -19,7 +19,7 @@ from typing import Any
 from batch.clock import KST, Clock
 from batch.config import Institutions, Provider
 from batch.errors import ConfigError
-from batch.routes import API_TYPES, ROUTES, TOKEN_PATH, IndustryRoutes
+from batch.routes import API_TYPES, MAX_PAGE_LIMIT, ROUTES, TOKEN_PATH, IndustryRoutes
 from batch.simulator.bucket import TokenBucket
 from batch.simulator.scenario import FAULT_KINDS, Behaviour, Event, Scenario, http_status
 from batch.simulator.stats import ProviderStats
@@ -132,11 +132,6 @@ class ProviderSim:
             self._stamp_cache = (second, second.strftime("%Y%m%d%H%M%S"))
         return self._stamp_cache[1]
 
-    def _down(self) -> Event | None:
-        """The ``down`` event in force now, if any."""
-        t = self.clock.monotonic() - self.started_at
-        return next((e for e in self.events if e.kind == "down" and e.active(t)), None)
-
     # -- fates ---------------------------------------------------------------------------
     def _units(self, text: str) -> tuple[float, float, float, float]:
         d = hashlib.blake2b(f"{self.seed}|{self.org}|{text}".encode(), digest_size=16).digest()
@@ -186,11 +181,53 @@ class ProviderSim:
 
     def call(self, detail: bool, headers: Mapping[str, str], query: Mapping[str, str],
              item_id: str | None) -> Reply:
-        """Decide the answer to a list (``detail=False``) or detail call."""
+        """Decide the answer to a list (``detail=False``) or detail call.
+
+        Order: outage, header checks (MYDATA.md's order), duplicate id, capacity, window,
+        the call's own rules (weekly transfer, dead asset, parameters), faults, success.
+        """
         now = self.clock.monotonic()
         tran = headers.get("x-api-tran-id")
         u_fault, u_lat, u_err, _ = self._units(tran or "")
-        delay = self._latency(u_lat)
+        delay, down, error_event = self._timeline(now, self._latency(u_lat))
+        if down is not None:
+            return self._down_reply(down, delay, tran)
+        api_type = headers.get("x-api-type")
+        auth = headers.get("Authorization", "")
+        token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        wall = self.clock.now().astimezone(KST)
+        refusal = self._gate(tran, api_type, token, now, wall)
+        if refusal is not None:
+            return self._reply(refusal, delay, tran)
+        key = self.consent_of(token)
+        scheduled = api_type == "scheduled"
+        if detail:
+            if not item_id:
+                return self._reply("40001", delay, tran)
+            code = self.dead_code(item_id)
+            starts_transfer = False
+        else:
+            code = self._list_refusal(key, query, scheduled)
+            starts_transfer = scheduled and "next_page" not in query
+        if code is not None:
+            return self._reply(code, delay, tran)
+        fault = self._fault(u_fault, u_err, error_event)
+        if fault is not None:
+            if starts_transfer and fault == "50003" and self.behaviour.timeout_counts_as_transfer:
+                self._record_transfer(key)
+            if fault == "reset":
+                return Reply(0, "reset", None, delay, reset=True)
+            return self._reply(fault, delay, tran)
+        stamp = self._stamp(wall)
+        if detail:
+            assert item_id is not None
+            return self._reply("00000", delay, tran, self._detail_data(item_id, stamp))
+        if starts_transfer:
+            self._record_transfer(key)
+        return self._reply("00000", delay, tran, self._list_data(key, query, stamp))
+
+    def _timeline(self, now: float, delay: float) -> tuple[float, Event | None, Event | None]:
+        """(latency after ``slow`` events, the ``down`` event, the first ``error`` event)."""
         error_event: Event | None = None
         if self.events:
             t = now - self.started_at
@@ -198,25 +235,27 @@ class ProviderSim:
                 if not ev.active(t):
                     continue
                 if ev.kind == "down":
-                    if ev.mode != "503":  # refuse: a request on a kept-alive connection
-                        return Reply(0, "reset", None, 0.0, reset=True)
-                    return self._reply("50005", delay, tran)
+                    return delay, ev, None
                 if ev.kind == "slow":
                     delay *= ev.factor
                 elif error_event is None:
                     error_event = ev
-        # header checks, in MYDATA.md's order
-        if not _valid_tran_id(tran):
-            return self._reply("40002", delay, tran)
-        assert tran is not None
-        api_type = headers.get("x-api-type")
+        return delay, None, error_event
+
+    def _down_reply(self, down: Event, delay: float, tran: str | None) -> Reply:
+        if down.mode != "503":  # reset; refuse: a request on a kept-alive connection
+            return Reply(0, "reset", None, 0.0, reset=True)
+        return self._reply("50005", delay, tran)
+
+    def _gate(self, tran: str | None, api_type: str | None, token: str, now: float,
+              wall: datetime) -> str | None:
+        """The refusal code of the header, capacity and window checks, if any."""
+        if tran is None or not _valid_tran_id(tran):
+            return "40002"
         if api_type not in API_TYPES:
-            return self._reply("40001", delay, tran)
-        auth = headers.get("Authorization", "")
-        token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+            return "40001"
         if not token or self._expired(token):
-            return self._reply("40101", delay, tran)
-        wall = self.clock.now().astimezone(KST)
+            return "40101"
         today = wall.date()
         if today != self._tran_day:
             self._tran_day = today
@@ -225,81 +264,71 @@ class ProviderSim:
         if tran in self._tran_ids:
             self._violation("duplicate_tran_id")
             if self.behaviour.reject_duplicate_tran_id:
-                return self._reply("40002", delay, tran)
+                return "40002"
         else:
             self._tran_ids.add(tran)
-        # capacity
         if not self.bucket.take(now):
             self._violation("rate")
-            return self._reply("42902", delay, tran)
+            return "42902"
         if self.concurrency_cap is not None and self.stats.in_flight > self.concurrency_cap:
             self._violation("concurrency")
-            return self._reply("42902", delay, tran)
-        scheduled = api_type == "scheduled"
-        if scheduled and not self._in_windows(wall.hour * 60 + wall.minute):
+            return "42902"
+        if api_type == "scheduled" and not self._in_windows(wall.hour * 60 + wall.minute):
             self._violation("window")
-            return self._reply(self.behaviour.window_reject_code, delay, tran)
-        # the request itself
-        stamp = {"search_timestamp": self._stamp(wall)}
-        r = self.routes
-        key = self.consent_of(token)
-        page: list[str] = []
-        next_page: int | None = None
-        starts_transfer = False
-        if not detail:
-            items = self.items(key)
-            try:
-                limit = int(query.get("limit", "500"))
-                offset = int(query["next_page"]) if "next_page" in query else 0
-            except ValueError:
-                return self._reply("40001", delay, tran)
-            if not 1 <= limit <= 500 or not 0 <= offset <= len(items):
-                return self._reply("40001", delay, tran)
-            page = items[offset:offset + limit]
-            if offset + limit < len(items):
-                next_page = offset + limit
-            starts_transfer = scheduled and "next_page" not in query
-            if starts_transfer:
-                week = self._week
-                seen = self._transfers.get(key)
-                if seen is not None and seen[0] == week:
-                    self._violation("second_transfer")
-                    return self._reply("42901", delay, tran)
-        else:
-            if not item_id:
-                return self._reply("40001", delay, tran)
-            dead = self.dead_code(item_id)
-            if dead is not None:
-                return self._reply(dead, delay, tran)
-        # faults
-        fault: str | None = None
+            return self.behaviour.window_reject_code
+        return None
+
+    @staticmethod
+    def _page_bounds(query: Mapping[str, str]) -> tuple[int, int] | None:
+        """(offset, limit) of a list call, None if malformed."""
+        try:
+            limit = int(query.get("limit", "500"))
+            offset = int(query["next_page"]) if "next_page" in query else 0
+        except ValueError:
+            return None
+        if not 1 <= limit <= MAX_PAGE_LIMIT or offset < 0:
+            return None
+        return offset, limit
+
+    def _list_refusal(self, key: str, query: Mapping[str, str], scheduled: bool) -> str | None:
+        """40001 for bad paging, 42901 for a second scheduled transfer this week."""
+        bounds = self._page_bounds(query)
+        if bounds is None or bounds[0] > len(self.items(key)):
+            return "40001"
+        if scheduled and "next_page" not in query:
+            seen = self._transfers.get(key)
+            if seen is not None and seen[0] == self._week:
+                self._violation("second_transfer")
+                return "42901"
+        return None
+
+    def _fault(self, u_fault: float, u_err: float, error_event: Event | None) -> str | None:
+        """A timeline ``error`` code or a random fault from the mix, by this call's fate."""
         if error_event is not None and u_err < error_event.rate:
-            fault = error_event.code
-        elif self._faults:
-            acc = 0.0
-            for kind, rate in self._faults:
-                acc += rate
-                if u_fault < acc:
-                    fault = kind
-                    break
-        if fault is not None:
-            if starts_transfer and fault == "50003" and self.behaviour.timeout_counts_as_transfer:
-                self._record_transfer(key, self._week)
-            if fault == "reset":
-                return Reply(0, "reset", None, delay, reset=True)
-            return self._reply(fault, delay, tran)
-        if detail:
-            assert item_id is not None
-            data: dict[str, Any] = {**stamp, r.id_key: item_id, "currency_code": "KRW",
-                                    "balance_amt": str(int(self._units(item_id)[3] * 1e7))}
-            return self._reply("00000", delay, tran, data)
-        if starts_transfer:
-            self._record_transfer(key, self._week)
-        data = {**stamp, r.count_key: len(page),
-                r.list_key: [{r.id_key: i, "is_consent": True} for i in page]}
-        if next_page is not None:
-            data["next_page"] = str(next_page)
-        return self._reply("00000", delay, tran, data)
+            return error_event.code
+        acc = 0.0
+        for kind, rate in self._faults:
+            acc += rate
+            if u_fault < acc:
+                return kind
+        return None
+
+    def _list_data(self, key: str, query: Mapping[str, str], stamp: str) -> dict[str, Any]:
+        bounds = self._page_bounds(query)
+        assert bounds is not None
+        offset, limit = bounds
+        items = self.items(key)
+        page = items[offset:offset + limit]
+        r = self.routes
+        data: dict[str, Any] = {"search_timestamp": stamp, r.count_key: len(page),
+                                r.list_key: [{r.id_key: i, "is_consent": True} for i in page]}
+        if offset + limit < len(items):
+            data["next_page"] = str(offset + limit)
+        return data
+
+    def _detail_data(self, item_id: str, stamp: str) -> dict[str, Any]:
+        return {"search_timestamp": stamp, self.routes.id_key: item_id, "currency_code": "KRW",
+                "balance_amt": str(int(self._units(item_id)[3] * 1e7))}
 
     def refresh(self, form: Mapping[str, str], headers: Mapping[str, str]) -> Reply:
         """``POST /oauth/2.0/token`` with ``grant_type=refresh_token``: a new token pair.
@@ -310,10 +339,9 @@ class ProviderSim:
         """
         tran = headers.get("x-api-tran-id")
         delay = self._latency(self._units(tran or "")[1])
-        down = self._down()
+        down = self._timeline(self.clock.monotonic(), delay)[1]
         if down is not None:
-            return Reply(0, "reset", None, 0.0, reset=True) if down.mode != "503" else \
-                self._reply("50005", delay, tran)
+            return self._down_reply(down, delay, tran)
         rt = form.get("refresh_token", "")
         if form.get("grant_type") != "refresh_token" or not rt:
             return self._reply("40001", delay, tran)
@@ -338,7 +366,8 @@ class ProviderSim:
         self.stats.violation(kind)
         self.total.violation(kind)
 
-    def _record_transfer(self, key: str, week: date) -> None:
+    def _record_transfer(self, key: str) -> None:
+        week = self._week
         seen = self._transfers.get(key)
         n = seen[1] + 1 if seen is not None and seen[0] == week else 1
         self._transfers[key] = (week, n)
