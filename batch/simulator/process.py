@@ -86,27 +86,23 @@ class SimulatorProcess:
         self._proc = subprocess.Popen(self.command(), stdout=self._out,
                                       stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.startup_timeout
-        pending = dict(self.urls)
+        pending = list(self.urls.values())
         while pending:
             if self._proc.poll() is not None:
                 self._collect()
+                last = self.output.strip().splitlines()[-1:] or [""]
                 raise SimulatorStartError(
-                    f"simulator exited with {self._proc.returncode}: "
-                    f"{self.output.strip().splitlines()[-1:] or ''}")
+                    f"simulator exited with {self._proc.returncode}: {last[0]}")
             if time.monotonic() > deadline:
                 self.stop()
                 raise SimulatorStartError(
                     f"simulator did not answer within {self.startup_timeout:g} s at "
-                    f"{', '.join(pending.values())}")
-            for org, url in list(pending.items()):
-                try:
-                    _get(f"{url}/_sim/stats", timeout=1.0)
-                    del pending[org]
-                except (urllib.error.URLError, OSError, ValueError):
-                    break
-            else:
-                continue
-            time.sleep(0.05)
+                    f"{', '.join(pending)}")
+            try:
+                _get(f"{pending[0]}/_sim/stats", timeout=1.0)
+                pending.pop(0)
+            except (urllib.error.URLError, OSError, ValueError):
+                time.sleep(0.05)  # real time: waiting for another process to bind
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 10 s; keeps what it printed in ``output``."""

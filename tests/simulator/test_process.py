@@ -84,3 +84,14 @@ def test_python_dash_m_batch_cli_runs() -> None:
                          capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert "--window-override" in out.stdout
+
+
+def test_simulator_process_that_cannot_start_says_why(tmp_path: Path) -> None:
+    from batch.simulator.process import SimulatorStartError
+
+    inst = tmp_path / "inst.toml"
+    inst.write_text(institutions_toml())
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[defaults]\nburst = 0\n")
+    with pytest.raises(SimulatorStartError, match=r"exited with 2: .*defaults\.burst"):
+        SimulatorProcess(inst, scenario_path=bad).start()
