@@ -157,11 +157,16 @@ class ProviderSim:
         """The consent a token belongs to (refreshed tokens alias to the first)."""
         return self._alias.get(token) or consent_key(token)
 
-    def items(self, key: str) -> list[str]:
+    def item_count(self, key: str) -> int:
+        """How many assets (accounts, cards...) a consent holds: items_min..items_max."""
         b = self.behaviour
         span = b.items_max - b.items_min + 1
-        n = b.items_min + int(self._units(f"items|{key}")[0] * span) % span
-        return [f"{key[:12]}{i:03d}" for i in range(n)]
+        return b.items_min + int(self._units(f"items|{key}")[0] * span) % span
+
+    def items(self, key: str, start: int = 0, stop: int | None = None) -> list[str]:
+        """The consent's item ids ``[start:stop]`` (stable: derived from its key)."""
+        n = self.item_count(key)
+        return [f"{key[:12]}{i:03d}" for i in range(start, n if stop is None else min(stop, n))]
 
     def dead_code(self, item_id: str) -> str | None:
         b = self.behaviour
@@ -293,7 +298,7 @@ class ProviderSim:
     def _list_refusal(self, key: str, query: Mapping[str, str], scheduled: bool) -> str | None:
         """40001 for bad paging, 42901 for a second scheduled transfer this week."""
         bounds = self._page_bounds(query)
-        if bounds is None or bounds[0] > len(self.items(key)):
+        if bounds is None or bounds[0] > self.item_count(key):
             return "40001"
         if scheduled and "next_page" not in query:
             seen = self._transfers.get(key)
@@ -317,12 +322,12 @@ class ProviderSim:
         bounds = self._page_bounds(query)
         assert bounds is not None
         offset, limit = bounds
-        items = self.items(key)
-        page = items[offset:offset + limit]
+        total = self.item_count(key)
+        page = self.items(key, offset, offset + limit)
         r = self.routes
         data: dict[str, Any] = {"search_timestamp": stamp, r.count_key: len(page),
                                 r.list_key: [{r.id_key: i, "is_consent": True} for i in page]}
-        if offset + limit < len(items):
+        if offset + limit < total:
             data["next_page"] = str(offset + limit)
         return data
 
