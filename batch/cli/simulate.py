@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from batch.cli import main, run_async
+from batch.cli.options import clock_from_env
 from batch.config import load_institutions
 from batch.errors import ConfigError
 from planning.windows import Window, WindowError, parse_window
@@ -62,7 +63,8 @@ def simulate(institutions_path: Path, scenario_path: Path | None,
     windows = _windows(window_override)
 
     async def serve() -> dict[str, Any]:
-        sim = Simulator(institutions, scenario, window_override=windows or None, seed=seed)
+        sim = Simulator(institutions, scenario, window_override=windows or None, seed=seed,
+                        clock=clock_from_env())
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

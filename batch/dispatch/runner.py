@@ -66,6 +66,7 @@ class RunOptions:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     calls_per_consent: float = 3.0
     max_connections: int = 200
+    page_limit: int = 500
 
     def __post_init__(self) -> None:
         if self.grace_seconds < 0:
@@ -143,7 +144,8 @@ async def run_day(
             minutes = dict(plan.minutes) if plan else {}
         chain = ProviderChain(p.org_code, ChainSettings.from_provider(p), clock=clock)
         chains[p.org_code] = chain
-        client = MydataClient(p, http=http, chain=chain, tran_ids=tran_ids, clock=clock)
+        client = MydataClient(p, http=http, chain=chain, tran_ids=tran_ids, clock=clock,
+                              page_limit=options.page_limit)
         policy_by_org[p.org_code] = RetryPolicy(max_attempts=p.max_attempts_per_week)
         dispatchers.append(ProviderDispatcher(
             p.org_code, store=store, refresh=_refresher(client), writer=writer, clock=clock,

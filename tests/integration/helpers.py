@@ -1,0 +1,73 @@
+"""Building blocks for the live tests: free ports, a small population, a saved plan."""
+
+from __future__ import annotations
+
+import socket
+from datetime import date, datetime, timedelta
+
+from sqlalchemy import insert
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from batch.config import Institutions, parse_institutions
+from batch.db import schema
+from batch.db.loaders import load_institutions
+from planning.calendar import week_start
+
+DAY = date(2026, 11, 30)  # a Monday
+WEEK = week_start(DAY)
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def institutions_toml(ports: list[int], *, cps: int = 100, industries: tuple[str, ...] = (
+        "bank", "card")) -> str:
+    lines = ['operator_org_code = "OPERATOR01"']
+    for i, (port, ind) in enumerate(zip(ports, industries, strict=False)):
+        lines += [
+            "[[providers]]",
+            f'org_code = "{ind.upper()[:4]:X<4}{i:06d}"',
+            f'industry = "{ind}"',
+            f'base_url = "http://127.0.0.1:{port}"',
+            'windows = ["0000:0600"]',
+            f"calls_per_second = {cps}",
+            "max_concurrency = 20",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def make_institutions(ports: list[int], **kw: object) -> Institutions:
+    return parse_institutions(institutions_toml(ports, **kw))  # type: ignore[arg-type]
+
+
+async def populate(engine: AsyncEngine, insts: Institutions, *, per_provider: int,
+                   now: datetime, quota: int | None = None) -> dict[str, list[str]]:
+    """Institutions, ``per_provider`` consents due this week each, and today's plan rows."""
+    await load_institutions(engine, insts, now=now)
+    tokens: dict[str, list[str]] = {}
+    async with engine.begin() as conn:
+        for p in insts.providers:
+            toks = [f"tok-{p.org_code}-{i:05d}" for i in range(per_provider)]
+            tokens[p.org_code] = toks
+            await conn.execute(insert(schema.consents), [
+                {"user_id": f"user{i}", "org_code": p.org_code, "access_token": t,
+                 "refresh_token": f"r{t}", "consented_at": now - timedelta(days=40),
+                 "last_scheduled_at": now - timedelta(days=7), "due_week": WEEK,
+                 "not_before": now - timedelta(days=40), "updated_at": now}
+                for i, t in enumerate(toks)
+            ])
+            await conn.execute(insert(schema.plan_days).values(
+                org_code=p.org_code, day=DAY, week_start=WEEK, forecast_user_calls=1000,
+                batch_quota=per_provider if quota is None else quota, capacity=10**6,
+                unplaceable=0, created_at=now))
+    return tokens
