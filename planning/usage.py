@@ -1,7 +1,7 @@
 """The usage model: each provider's user-initiated calls per day, forecast for a week.
 
 A log-linear model per provider, ``log(1 + calls) = level + trend * weeks + weekday effect
-+ day-of-month effect``, the day-of-month effects being the payday days (21st to 25th, where
++ day-of-month effect`` (seven weekday effects, the free level absorbing their mean), the day-of-month effects being the payday days (21st to 25th, where
 salaries cluster), the first two days of a month and its last two (card and insurance
 debits). Each provider's effects are shrunk (ridge) toward the effects pooled over all
 providers, so a provider with a short or gappy history borrows the common shape; the trend
@@ -20,17 +20,18 @@ import pandas as pd
 
 PAYDAY_DAYS = (21, 22, 23, 24, 25)
 FEATURES = (
-    "mon", "tue", "wed", "thu", "fri", "sat",                      # Sunday is the baseline
+    "mon", "tue", "wed", "thu", "fri", "sat", "sun",
     *(f"dom{d}" for d in PAYDAY_DAYS),
     "month_start", "month_end",
 )
 #: Ridge strength toward the pooled effects (in days of evidence).
-SHRINK = 8.0
+SHRINK = 4.0
 #: Ridge strength on the trend; and its bound, in log units per week (about +-10%).
 TREND_SHRINK = 50.0
 MAX_TREND = 0.1
 MIN_TREND_DAYS = 21
 MAX_HISTORY_DAYS = 182
+OUTLIER_FLOOR = 0.3
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -42,14 +43,14 @@ def features(days: Sequence[date] | pd.Series) -> FloatArray:
     out = np.zeros((n, len(FEATURES)))
     if n == 0:
         return out
-    wd = ts.dt.weekday.to_numpy()          # Monday=0 .. Sunday=6
-    for j in range(6):
+    wd = ts.dt.day_of_week.to_numpy()          # Monday=0 .. Sunday=6
+    for j in range(7):
         out[:, j] = wd == j
     dom = ts.dt.day.to_numpy()
     for j, d in enumerate(PAYDAY_DAYS):
-        out[:, 6 + j] = dom == d
-    out[:, 11] = dom <= 2
-    out[:, 12] = dom > ts.dt.days_in_month.to_numpy() - 2
+        out[:, 7 + j] = dom == d
+    out[:, 12] = dom <= 2
+    out[:, 13] = dom > ts.dt.days_in_month.to_numpy() - 2
     return out
 
 
@@ -80,23 +81,27 @@ def _pooled(h: pd.DataFrame) -> FloatArray:
     y = (logs - logs.groupby(h["org_code"]).transform("mean")).to_numpy(float)
     x = features(h["date"])
     x = x - x.mean(axis=0)
-    return _solve(x, y, np.zeros(len(FEATURES)), np.full(len(FEATURES), 1.0))
+    # A tiny ridge only resolves the weekday dummies' collinearity (they sum to one).
+    return _solve(x, y, np.zeros(len(FEATURES)), np.full(len(FEATURES), 1e-3))
 
 
-def _fit_one(dates: list[date], calls: FloatArray, first: date, pooled: FloatArray
+def _fit_one(weeks: FloatArray, feats: FloatArray, calls: FloatArray, pooled: FloatArray
              ) -> tuple[FloatArray, float]:
-    """Coefficients [level, trend, *effects] for one provider, and its smearing factor."""
-    weeks = np.array([(d - first).days / 7.0 for d in dates])
-    x = np.column_stack([np.ones(len(dates)), weeks, features(dates)])
+    """Coefficients [level, trend, *effects] for one provider, and its smearing factor.
+
+    ``weeks``: each history day's offset from the first forecast day, in weeks.
+    """
+    x = np.column_stack([np.ones(len(weeks)), weeks, feats])
     y = np.log1p(calls)
-    span = (max(dates) - min(dates)).days + 1
+    span = round((weeks.max() - weeks.min()) * 7) + 1
     trend_pen = TREND_SHRINK if span >= MIN_TREND_DAYS else 1e9
     penalty = np.concatenate(([0.0, trend_pen], np.full(len(FEATURES), SHRINK)))
     prior = np.concatenate(([0.0, 0.0], pooled))
     beta = _solve(x, y, prior, penalty)
     resid = y - x @ beta
     mad = float(np.median(np.abs(resid - np.median(resid))))
-    keep = np.abs(resid) <= 4.0 * 1.4826 * mad + 1e-9 if mad > 0 else np.ones(len(y), bool)
+    # Outliers (outage days, one-off spikes): far off the fit, at least 0.3 in log units.
+    keep = np.abs(resid - np.median(resid)) <= max(4.0 * 1.4826 * mad, OUTLIER_FLOOR)
     if keep.sum() >= max(3, len(y) // 2) and not keep.all():
         beta = _solve(x[keep], y[keep], prior, penalty)
         resid = y[keep] - x[keep] @ beta
@@ -123,14 +128,16 @@ def forecast(history: pd.DataFrame, days: Sequence[date],
     fx = features(days)
     weeks = np.array([(d - first).days / 7.0 for d in days])
     rows: list[pd.DataFrame] = []
-    groups = {str(k): g for k, g in h.groupby("org_code")}
+    hx = features(h["date"])
+    hweeks = (pd.to_datetime(h["date"]) - pd.Timestamp(first)).dt.days.to_numpy(float) / 7.0
+    hcalls = h["user_calls"].to_numpy(float)
+    groups = {str(k): v for k, v in h.reset_index(drop=True).groupby("org_code").indices.items()}
     for org in orgs:
-        g = groups.get(org)
-        if g is None or g.empty:
+        ix = groups.get(org)
+        if ix is None or len(ix) == 0:
             pred = np.zeros(len(days))
         else:
-            beta, smear = _fit_one(list(g["date"]), g["user_calls"].to_numpy(float), first,
-                                   pooled)
+            beta, smear = _fit_one(hweeks[ix], hx[ix], hcalls[ix], pooled)
             pred = np.expm1(beta[0] + beta[1] * weeks + fx @ beta[2:]) * smear
             pred = np.maximum(pred, 0.0)
         rows.append(pd.DataFrame({"org_code": org, "date": days, "forecast_user_calls": pred}))
