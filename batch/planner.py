@@ -52,7 +52,7 @@ class ProviderLimits:
     @property
     def per_minute_cap(self) -> int:
         """Consents a minute: floor(calls_per_second * 60 / calls_per_consent)."""
-        return int(math.floor(self.calls_per_second * 60 / self.calls_per_consent + 1e-9))
+        return math.floor(self.calls_per_second * 60 / self.calls_per_consent + 1e-9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +253,8 @@ async def build_week_plan(engine: AsyncEngine, *, week_of: date, today: date,
         deadline = max(release, planned[0]) if backlog else planned[-1]
         class_rows.append((org, release, deadline, n))
     classes = pd.DataFrame(class_rows, columns=["org_code", "release", "deadline", "count"])
-    classes = classes.groupby(["org_code", "release", "deadline"], as_index=False)["count"].sum()
+    classes = pd.DataFrame(classes.groupby(["org_code", "release", "deadline"],
+                                           as_index=False)["count"].sum())
     weights = {o: limits[o].calls_per_consent for o in orgs}
     leveled = quotas.plan_quotas(days_df, classes, weights)
 
@@ -266,7 +267,7 @@ async def build_week_plan(engine: AsyncEngine, *, week_of: date, today: date,
         lim = limits[org]
         full_cap = len(day_minutes(lim.windows)) * lim.per_minute_cap
         for d in week:
-            user = int(round(forecast.get((org, d), 0.0)))
+            user = round(forecast.get((org, d), 0.0))
             if d < today:
                 q, unpl, cap, is_planned = attempted.get((org, d), 0), 0, full_cap, False
             else:
@@ -278,7 +279,7 @@ async def build_week_plan(engine: AsyncEngine, *, week_of: date, today: date,
                     minute_frames.append(pd.DataFrame({
                         "org_code": org, "date": d, "minute": s.index.to_numpy(),
                         "target": s.to_numpy()}))
-            batch_calls = int(round(q * lim.calls_per_consent))
+            batch_calls = round(q * lim.calls_per_consent)
             out_rows.append((org, d, user, q, batch_calls, user + batch_calls, cap, unpl,
                              is_planned))
     days_out = pd.DataFrame(out_rows, columns=DAY_COLUMNS)

@@ -73,8 +73,8 @@ class Leveled:
         return sum(self.unplaceable)
 
 
-def _check(base: Sequence[float], capacity: Sequence[int], classes: Sequence[ConsentClass],
-           weight: float) -> tuple[FloatArray, IntArray]:
+def _check(base: Sequence[float] | FloatArray, capacity: Sequence[int] | IntArray,
+           classes: Sequence[ConsentClass], weight: float) -> tuple[FloatArray, IntArray]:
     b = np.asarray(base, dtype=np.float64)
     c = np.asarray(capacity, dtype=np.int64)
     days = len(b)
@@ -94,7 +94,7 @@ def _check(base: Sequence[float], capacity: Sequence[int], classes: Sequence[Con
     return b, c
 
 
-def edf_assign(capacity: Sequence[int], classes: Sequence[ConsentClass]
+def edf_assign(capacity: Sequence[int] | IntArray, classes: Sequence[ConsentClass]
                ) -> tuple[IntArray, IntArray]:
     """Earliest-deadline-first sweep: (assignment[class, day], left over per class).
 
@@ -193,11 +193,11 @@ def _greedy_flatten(b: FloatArray, w: float, u: IntArray, classes: Sequence[Cons
         slack = rho - member @ x
         cnt = member[:, group].sum(axis=1)
         hit = cnt > 0
-        k = min(k_join, int((slack[hit] // cnt[hit]).min()), int((u[group] - x[group]).min()),
-                rem // group.size)
-        if k >= 1:
-            x[group] += k
-            rem -= k * group.size
+        step = min(k_join, int((slack[hit] // cnt[hit]).min()),
+                   int((u[group] - x[group]).min()), rem // group.size)
+        if step >= 1:
+            x[group] += step
+            rem -= step * group.size
             continue
         d = int(idx[np.argmin(t[idx])])
         if x[d] < u[d] and bool(np.all(slack[member[:, d] == 1] >= 1)):
@@ -208,8 +208,8 @@ def _greedy_flatten(b: FloatArray, w: float, u: IntArray, classes: Sequence[Cons
     return x
 
 
-def level(base: Sequence[float], capacity: Sequence[int], classes: Sequence[ConsentClass],
-          *, weight: float = 1.0) -> Leveled:
+def level(base: Sequence[float] | FloatArray, capacity: Sequence[int] | IntArray,
+          classes: Sequence[ConsentClass], *, weight: float = 1.0) -> Leveled:
     """The least-peak, then flattest, integer quotas for one provider (see module doc)."""
     b, c = _check(base, capacity, classes, weight)
     days = len(b)
@@ -234,7 +234,7 @@ def level(base: Sequence[float], capacity: Sequence[int], classes: Sequence[Cons
     )
 
 
-def lower_bound(base: Sequence[float], capacity: Sequence[int],
+def lower_bound(base: Sequence[float] | FloatArray, capacity: Sequence[int] | IntArray,
                 classes: Sequence[ConsentClass], *, weight: float = 1.0) -> float:
     """The continuous-relaxation (LP) optimum of the peak: no integer plan can beat it.
 
@@ -248,7 +248,7 @@ def lower_bound(base: Sequence[float], capacity: Sequence[int],
     return _min_peak(b, c, weight, _demand(len(b), placeable), continuous=True)
 
 
-def deadline_misses(quotas: Sequence[int], classes: Sequence[ConsentClass]) -> int:
+def deadline_misses(quotas: Sequence[int] | IntArray, classes: Sequence[ConsentClass]) -> int:
     """Consents that no day inside their interval can take under these quotas."""
     _, left = edf_assign(quotas, classes)
     return int(left.sum())

@@ -1,11 +1,12 @@
 """The usage model: each provider's user-initiated calls per day, forecast for a week.
 
 A log-linear model per provider, ``log(1 + calls) = level + trend * weeks + weekday effect
-+ day-of-month effect`` (seven weekday effects, the free level absorbing their mean), the day-of-month effects being the payday days (21st to 25th, where
-salaries cluster), the first two days of a month and its last two (card and insurance
-debits). Each provider's effects are shrunk (ridge) toward the effects pooled over all
-providers, so a provider with a short or gappy history borrows the common shape; the trend
-needs three weeks of history and is bounded. One refit without outliers (outage days) makes
++ day-of-month effect``: seven weekday effects (the free level absorbs their mean); the
+day-of-month effects are the payday days (21st to 25th, where salaries cluster), the first
+two days of a month and its last two (card and insurance debits). Each provider's effects
+are shrunk (ridge) toward the effects pooled over all providers, so a provider with a short
+or gappy history borrows the common shape; the trend needs three weeks of history and is
+bounded. One refit without outliers (outage days) makes
 it robust. No history at all forecasts 0, i.e. "no known user load".
 """
 
@@ -69,8 +70,7 @@ def _history(history: pd.DataFrame, first: date) -> pd.DataFrame:
 def _solve(x: FloatArray, y: FloatArray, prior: FloatArray, penalty: FloatArray) -> FloatArray:
     a = x.T @ x + np.diag(penalty)
     rhs = x.T @ y + penalty * prior
-    sol: FloatArray = np.linalg.lstsq(a, rhs, rcond=None)[0]
-    return sol
+    return np.asarray(np.linalg.lstsq(a, rhs, rcond=None)[0], dtype=np.float64)
 
 
 def _pooled(h: pd.DataFrame) -> FloatArray:

@@ -62,8 +62,8 @@ def to_csv(plan: WeekPlan) -> str:
     return buf.getvalue()
 
 
-def _n(v: float) -> str:
-    return f"{int(round(v)):,}"
+def _n(v: Any) -> str:
+    return f"{round(float(v)):,}"
 
 
 def provider_summary(g: pd.DataFrame) -> dict[str, float]:
@@ -108,12 +108,13 @@ def to_table(plan: WeekPlan, *, saved: bool) -> str:
                      " calls/consent)")
         lines.append(desc)
         body = [header]
-        for r in g.itertuples(index=False):
-            body.append((r.date.isoformat(), _DAY_NAMES[r.date.weekday()],
-                         _n(r.forecast_user_calls), _n(r.batch_quota), _n(r.batch_calls),
-                         _n(r.total), _n(r.capacity),
-                         _n(r.unplaceable) if r.unplaceable else "-",
-                         "" if r.planned else "(actual)"))
+        for r in g.to_dict("records"):
+            day: date = r["date"]
+            body.append((day.isoformat(), _DAY_NAMES[day.weekday()],
+                         _n(r["forecast_user_calls"]), _n(r["batch_quota"]),
+                         _n(r["batch_calls"]), _n(r["total"]), _n(r["capacity"]),
+                         _n(r["unplaceable"]) if r["unplaceable"] else "-",
+                         "" if r["planned"] else "(actual)"))
         s = provider_summary(g)
         body.append(("week", "", _n(g["forecast_user_calls"].sum()), _n(g["batch_quota"].sum()),
                      _n(g["batch_calls"].sum()), _n(g["total"].sum()), "",
@@ -124,7 +125,8 @@ def to_table(plan: WeekPlan, *, saved: bool) -> str:
             cells += [row[i].rjust(widths[i]) for i in range(2, len(header) - 1)]
             cells.append(row[-1])
             lines.append("  " + "  ".join(cells).rstrip())
-        peak_day = g.loc[g["total"].idxmax(), "date"] if len(g) else None
+        peak_day: date | None = g["date"].tolist()[int(g["total"].to_numpy().argmax())] \
+            if len(g) else None
         lines.append(
             f"  peak {_n(s['peak'])} calls"
             + (f" on {_DAY_NAMES[peak_day.weekday()]} {peak_day}" if peak_day else "")
