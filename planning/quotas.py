@@ -248,6 +248,17 @@ def lower_bound(base: Sequence[float] | FloatArray, capacity: Sequence[int] | In
     return _min_peak(b, c, weight, _demand(len(b), placeable), continuous=True)
 
 
+def least_peak(base: Sequence[float] | FloatArray, capacity: Sequence[int] | IntArray,
+               classes: Sequence[ConsentClass], *, weight: float = 1.0) -> float:
+    """The least peak any integer plan can reach (binary search on Hall's condition alone,
+    without the greedy): :func:`level` must meet it exactly."""
+    b, c = _check(base, capacity, classes, weight)
+    _, left = edf_assign(c, classes)
+    placeable = [ConsentClass(k.release, k.deadline, k.count - int(n))
+                 for k, n in zip(classes, left, strict=True)]
+    return _min_peak(b, c, weight, _demand(len(b), placeable), continuous=False)
+
+
 def deadline_misses(quotas: Sequence[int] | IntArray, classes: Sequence[ConsentClass]) -> int:
     """Consents that no day inside their interval can take under these quotas."""
     _, left = edf_assign(quotas, classes)
