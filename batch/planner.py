@@ -57,7 +57,12 @@ class ProviderLimits:
 
 @dataclass(frozen=True, slots=True)
 class DayPlan:
-    """One provider's plan for one day, as the dispatcher reads it."""
+    """One provider's plan for one day, as the dispatcher reads it.
+
+    ``batch_quota`` is the day's whole quota; ``minutes`` (minute of day -> target) covers
+    the minutes still ahead when the plan was made, so after a mid-day re-plan it sums to
+    the quota minus what had already been attempted that day.
+    """
 
     org_code: str
     day: date
@@ -222,15 +227,21 @@ async def build_week_plan(engine: AsyncEngine, *, week_of: date, today: date,
     limits, cls, hist, done = await _read(engine, sunday, today, now, planned)
     orgs = sorted(limits)
 
-    history = hist[hist["date"] < today]
-    fc = usage.forecast(history, week, orgs) if orgs else pd.DataFrame(
-        columns=["org_code", "date", "forecast_user_calls"])
-    actual = {(o, d): n for o, d, n in zip(hist["org_code"], hist["date"], hist["user_calls"],
-                                           strict=True) if d < today}
+    # Planned days are forecast from everything before today; days already past show the
+    # actual user calls, or (none recorded) what was forecast from before the week.
+    actual = {(o, d): float(n) for o, d, n in
+              zip(hist["org_code"], hist["date"], hist["user_calls"], strict=True) if d < today}
+    forecast: dict[tuple[str, date], float] = {}
+    if orgs:
+        fc = usage.forecast(hist[hist["date"] < today], planned, orgs)
+        past = [d for d in week if d < today]
+        if past and any((o, d) not in actual for o in orgs for d in past):
+            fc = pd.concat([usage.forecast(hist[hist["date"] < sunday], past, orgs), fc])
+        forecast = {(o, d): v for o, d, v in
+                    zip(fc["org_code"], fc["date"], fc["forecast_user_calls"], strict=True)}
+    forecast.update(actual)
     attempted = {(o, d): n for o, d, n in zip(done["org_code"], done["date"],
                                               done["attempted"], strict=True)}
-    forecast = {(o, d): float(actual.get((o, d), v)) for o, d, v in
-                zip(fc["org_code"], fc["date"], fc["forecast_user_calls"], strict=True)}
 
     # Planned days: base load = forecast users + what already ran today.
     day_rows = []

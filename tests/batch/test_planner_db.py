@@ -127,6 +127,8 @@ async def test_replanning_keeps_past_days_and_relevels_the_rest(engine: AsyncEng
                              day=SUNDAY + timedelta(1), kind="fault", action="retry_later",
                              calls=2, at=T0))
         await conn.execute(insert(schema.call_outcomes), outcomes)
+        await conn.execute(insert(schema.usage_daily).values(
+            org_code="BANKAAAAAA", day=SUNDAY, user_calls=123))
     now = datetime.combine(wed, datetime.min.time(), tzinfo=KST)
     plan = await build_week_plan(engine, week_of=wed, today=wed, now=now)
     a = plan.days[plan.days["org_code"] == "BANKAAAAAA"].set_index("date")
@@ -138,7 +140,8 @@ async def test_replanning_keeps_past_days_and_relevels_the_rest(engine: AsyncEng
     # still due: 300 - 119 this week + 40 backlog (due by Wed) + 70 from Thursday
     assert int(a.loc[wed:, "batch_quota"].sum()) == 300 - 119 + 40 + 70
     assert int(a.loc[wed, "batch_quota"]) >= 40
-    assert int(a.loc[SUNDAY, "forecast_user_calls"]) == 100        # actual usage, Sunday
+    assert int(a.loc[SUNDAY, "forecast_user_calls"]) == 123        # actual usage, Sunday
+    assert int(a.loc[SUNDAY + timedelta(1), "forecast_user_calls"]) == 400  # forecast, Monday
 
 
 async def test_save_replaces_only_planned_days_and_load_reads_it_back(
@@ -249,3 +252,21 @@ def test_plan_refuses_a_today_outside_the_week(populated: str) -> None:
     res = _cli(populated, "--week", "2026-11-22", "--today", "2026-12-01")
     assert res.exit_code == 2
     assert "not in the week" in res.stderr
+
+
+async def test_an_empty_database_plans_nothing_and_saves_nothing(engine: AsyncEngine) -> None:
+    plan = await build_week_plan(engine, week_of=SUNDAY, today=SUNDAY, now=NOW_SUNDAY)
+    assert plan.days.empty and plan.minutes.empty
+    assert plan.unplaceable() == {}
+    await save_plan(engine, plan)
+    assert await load_day_plan(engine, day=SUNDAY) == {}
+
+
+async def test_a_provider_with_nothing_due_gets_zero_quotas_and_no_minutes(
+        engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        await _institution(conn, "CARDCCCCCC", windows=["2300:0500"], cps=10.0)
+    plan = await build_week_plan(engine, week_of=SUNDAY, today=SUNDAY, now=NOW_SUNDAY)
+    assert plan.days["batch_quota"].tolist() == [0] * 7
+    assert plan.days["capacity"].tolist()[1:] == [200 * 360] * 6
+    assert plan.minutes.empty
