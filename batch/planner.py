@@ -320,17 +320,28 @@ async def save_plan(engine: AsyncEngine, plan: WeekPlan) -> None:
                                     rows["capacity"], rows["unplaceable"], strict=True)
     ]
     m = plan.minutes
-    minute_rows = [{"org_code": o, "day": d, "minute": int(mi), "target": int(t)}
-                   for o, d, mi, t in zip(m["org_code"], m["date"], m["minute"], m["target"],
-                                          strict=True)]
+    minute_rows = [(str(o), d, int(mi), int(t)) for o, d, mi, t in
+                   zip(m["org_code"], m["date"], m["minute"], m["target"], strict=True)]
     async with transaction(engine) as conn:
         await conn.execute(delete(schema.plan_minutes)
                            .where(schema.plan_minutes.c.day.in_(planned)))
         await conn.execute(delete(schema.plan_days).where(schema.plan_days.c.day.in_(planned)))
         for i in range(0, len(day_rows), _INSERT_CHUNK):
             await conn.execute(insert(schema.plan_days), day_rows[i:i + _INSERT_CHUNK])
-        for i in range(0, len(minute_rows), _INSERT_CHUNK):
-            await conn.execute(insert(schema.plan_minutes), minute_rows[i:i + _INSERT_CHUNK])
+        if engine.dialect.name == "postgresql" and minute_rows:
+            # Hundreds of thousands of minute rows: COPY, inside the same transaction.
+            raw = await conn.get_raw_connection()
+            driver = raw.driver_connection
+            assert driver is not None
+            await driver.copy_records_to_table(
+                "plan_minutes", records=minute_rows,
+                columns=["org_code", "day", "minute", "target"])
+        else:
+            keys = ("org_code", "day", "minute", "target")
+            for i in range(0, len(minute_rows), _INSERT_CHUNK):
+                await conn.execute(insert(schema.plan_minutes),
+                                   [dict(zip(keys, r, strict=True))
+                                    for r in minute_rows[i:i + _INSERT_CHUNK]])
 
 
 async def load_day_plan(engine: AsyncEngine, *, day: date) -> dict[str, DayPlan]:

@@ -270,3 +270,20 @@ async def test_a_provider_with_nothing_due_gets_zero_quotas_and_no_minutes(
     assert plan.days["batch_quota"].tolist() == [0] * 7
     assert plan.days["capacity"].tolist()[1:] == [200 * 360] * 6
     assert plan.minutes.empty
+
+
+async def test_a_failed_save_leaves_the_previous_plan_in_place(engine: AsyncEngine) -> None:
+    import dataclasses
+
+    import pandas as pd
+
+    await _populate(engine)
+    plan = await build_week_plan(engine, week_of=SUNDAY, today=SUNDAY, now=NOW_SUNDAY)
+    await save_plan(engine, plan)
+    stray = pd.DataFrame({"org_code": ["NOSUCHORG1"], "date": [SUNDAY], "minute": [5],
+                          "target": [1]})
+    bad = dataclasses.replace(plan, minutes=pd.concat([plan.minutes, stray]),
+                              days=plan.days.assign(batch_quota=plan.days["batch_quota"] + 1))
+    with pytest.raises(Exception, match="(?i)foreign key"):
+        await save_plan(engine, bad)
+    assert await load_day_plan(engine, day=SUNDAY) == plan.day_plans(SUNDAY)
