@@ -6,8 +6,8 @@ day-of-month effects are the payday days (21st to 25th, where salaries cluster),
 two days of a month and its last two (card and insurance debits). Each provider's effects
 are shrunk (ridge) toward the effects pooled over all providers, so a provider with a short
 or gappy history borrows the common shape; the trend needs three weeks of history and is
-bounded. One refit without outliers (outage days) makes
-it robust. No history at all forecasts 0, i.e. "no known user load".
+bounded. Days far from their weekday's median (outages) are left out of every fit. No
+history at all forecasts 0, i.e. "no known user load".
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ TREND_SHRINK = 50.0
 MAX_TREND = 0.1
 MIN_TREND_DAYS = 21
 MAX_HISTORY_DAYS = 182
-OUTLIER_FLOOR = 0.3
+OUTLIER_LOG = 1.0
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -85,6 +85,18 @@ def _pooled(h: pd.DataFrame) -> FloatArray:
     return _solve(x, y, np.zeros(len(FEATURES)), np.full(len(FEATURES), 1e-3))
 
 
+def _drop_outliers(h: pd.DataFrame) -> pd.DataFrame:
+    """Drop days far from the provider's median for that weekday (outage days, one-off
+    spikes): more than :data:`OUTLIER_LOG` in log units (a factor of e), which a payday
+    peak never is. Judged against a median, so one bad day cannot mask itself."""
+    if h.empty:
+        return h
+    logs = pd.Series(np.log1p(h["user_calls"].to_numpy(float)), index=h.index)
+    weekday = pd.to_datetime(h["date"]).dt.day_of_week
+    med = logs.groupby([h["org_code"], weekday]).transform("median")
+    return h[(logs - med).abs() <= OUTLIER_LOG]
+
+
 def _fit_one(weeks: FloatArray, feats: FloatArray, calls: FloatArray, pooled: FloatArray
              ) -> tuple[FloatArray, float]:
     """Coefficients [level, trend, *effects] for one provider, and its smearing factor.
@@ -99,12 +111,6 @@ def _fit_one(weeks: FloatArray, feats: FloatArray, calls: FloatArray, pooled: Fl
     prior = np.concatenate(([0.0, 0.0], pooled))
     beta = _solve(x, y, prior, penalty)
     resid = y - x @ beta
-    mad = float(np.median(np.abs(resid - np.median(resid))))
-    # Outliers (outage days, one-off spikes): far off the fit, at least 0.3 in log units.
-    keep = np.abs(resid - np.median(resid)) <= max(4.0 * 1.4826 * mad, OUTLIER_FLOOR)
-    if keep.sum() >= max(3, len(y) // 2) and not keep.all():
-        beta = _solve(x[keep], y[keep], prior, penalty)
-        resid = y[keep] - x[keep] @ beta
     beta[1] = float(np.clip(beta[1], -MAX_TREND, MAX_TREND))
     smear = float(np.mean(np.exp(resid))) if resid.size else 1.0
     return beta, min(max(smear, 1.0), 1.5)
@@ -124,6 +130,7 @@ def forecast(history: pd.DataFrame, days: Sequence[date],
     first = days[0]
     h = _history(history, first)
     orgs = sorted(set(org_codes) if org_codes is not None else set(h["org_code"]))
+    h = _drop_outliers(h)
     pooled = _pooled(h)
     fx = features(days)
     weeks = np.array([(d - first).days / 7.0 for d in days])

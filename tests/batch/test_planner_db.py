@@ -284,6 +284,6 @@ async def test_a_failed_save_leaves_the_previous_plan_in_place(engine: AsyncEngi
                           "target": [1]})
     bad = dataclasses.replace(plan, minutes=pd.concat([plan.minutes, stray]),
                               days=plan.days.assign(batch_quota=plan.days["batch_quota"] + 1))
-    with pytest.raises(Exception, match="(?i)foreign key"):
+    with pytest.raises(Exception, match=r"(?i)foreign key"):
         await save_plan(engine, bad)
     assert await load_day_plan(engine, day=SUNDAY) == plan.day_plans(SUNDAY)

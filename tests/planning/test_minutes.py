@@ -10,7 +10,7 @@ from planning.minutes import hourly_weights, spread
 from planning.windows import day_minutes, parse_windows
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(quota=st.integers(0, 20_000), start=st.integers(0, 1439), length=st.integers(0, 400),
        cap=st.integers(0, 60), weighted=st.booleans(), data=st.data())
 def test_spread_sums_exactly_and_respects_the_cap(quota: int, start: int, length: int,

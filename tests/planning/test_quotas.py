@@ -61,7 +61,7 @@ def instances(draw: st.DrawFn) -> tuple[list[float], list[int], list[ConsentClas
     return base, cap, classes, w
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(instances())
 def test_peak_and_flatness_equal_the_brute_force_optimum(
         inst: tuple[list[float], list[int], list[ConsentClass], float]) -> None:
@@ -76,7 +76,7 @@ def test_peak_and_flatness_equal_the_brute_force_optimum(
     assert lower_bound(base, cap, classes, weight=w) <= res.peak + 1e-9
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(instances())
 def test_quotas_add_up_and_every_consent_sits_inside_its_release_and_deadline(
         inst: tuple[list[float], list[int], list[ConsentClass], float]) -> None:
@@ -92,7 +92,7 @@ def test_quotas_add_up_and_every_consent_sits_inside_its_release_and_deadline(
         or not classes
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(instances())
 def test_unplaceable_is_the_least_any_plan_can_leave(
         inst: tuple[list[float], list[int], list[ConsentClass], float]) -> None:
