@@ -245,11 +245,14 @@ async def build_week_plan(engine: AsyncEngine, *, week_of: date, today: date,
 
     # Planned days: base load = forecast users + what already ran today.
     day_rows = []
+    first_open: dict[str, date] = {}     # the first planned day a provider can take work
     for org in orgs:
         lim = limits[org]
         for d in planned:
             fixed = attempted.get((org, d), 0) if d == today else 0
             cap = len(window_minutes(lim, d, now)) * lim.per_minute_cap
+            if cap > 0:
+                first_open.setdefault(org, d)
             day_rows.append((org, d, forecast.get((org, d), 0.0)
                              + lim.calls_per_consent * fixed, cap, fixed))
     days_df = pd.DataFrame(day_rows, columns=["org_code", "date", "base_load", "capacity",
@@ -261,7 +264,9 @@ async def build_week_plan(engine: AsyncEngine, *, week_of: date, today: date,
         if bucket >= last or org not in limits:
             continue  # not before next week (or an unknown provider): not due this week
         release = planned[bucket]
-        deadline = max(release, planned[0]) if backlog else planned[-1]
+        # Backlog goes first: its deadline is the first day with window time left (today,
+        # unless today's windows are already over).
+        deadline = max(release, first_open.get(org, planned[0])) if backlog else planned[-1]
         class_rows.append((org, release, deadline, n))
     classes = pd.DataFrame(class_rows, columns=["org_code", "release", "deadline", "count"])
     classes = pd.DataFrame(classes.groupby(["org_code", "release", "deadline"],

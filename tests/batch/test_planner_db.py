@@ -287,3 +287,15 @@ async def test_a_failed_save_leaves_the_previous_plan_in_place(engine: AsyncEngi
     with pytest.raises(Exception, match=r"(?i)foreign key"):
         await save_plan(engine, bad)
     assert await load_day_plan(engine, day=SUNDAY) == plan.day_plans(SUNDAY)
+
+
+async def test_backlog_moves_to_tomorrow_when_todays_window_is_already_over(
+        engine: AsyncEngine) -> None:
+    await _populate(engine)
+    noon = datetime(2026, 11, 22, 12, 0, tzinfo=KST)         # A's window 00:00-06:00 is over
+    plan = await build_week_plan(engine, week_of=SUNDAY, today=SUNDAY, now=noon)
+    a = plan.days[plan.days["org_code"] == "BANKAAAAAA"].set_index("date")
+    assert int(a.loc[SUNDAY, "capacity"]) == 0
+    assert int(a.loc[SUNDAY, "batch_quota"]) == 0
+    assert int(a.loc[SUNDAY + timedelta(1), "batch_quota"]) >= 40
+    assert "BANKAAAAAA" not in plan.unplaceable()
