@@ -8,6 +8,7 @@ from datetime import date, datetime, time
 from typing import Any
 
 import click
+import numpy as np
 import pandas as pd
 
 from batch.cli import Settings, main, with_engine
@@ -67,11 +68,17 @@ def _n(v: Any) -> str:
 
 
 def provider_summary(g: pd.DataFrame) -> dict[str, float]:
-    """Peak, mean, and the uniform 1/7 split's peak for one provider's seven rows."""
+    """Peak, mean, and the uniform split's peak for one provider's seven rows.
+
+    The uniform split spreads the planned days' batch evenly over those days (1/7 a day
+    when the whole week is planned); days already past stay as they were.
+    """
     user = g["forecast_user_calls"].to_numpy(float)
     total = g["total"].to_numpy(float)
-    batch_calls = float(g["batch_calls"].sum())
-    uniform_peak = float((user + batch_calls / len(user)).max()) if len(user) else 0.0
+    planned = g["planned"].to_numpy(bool)
+    even = np.where(planned, float(g["batch_calls"][planned].sum()) / max(1, planned.sum()),
+                    g["batch_calls"].to_numpy(float))
+    uniform_peak = float((user + even).max()) if len(user) else 0.0
     peak = float(total.max()) if len(total) else 0.0
     mean = float(total.mean()) if len(total) else 0.0
     return {"peak": peak, "mean": mean, "uniform_peak": uniform_peak,
@@ -131,7 +138,7 @@ def to_table(plan: WeekPlan, *, saved: bool) -> str:
             f"  peak {_n(s['peak'])} calls"
             + (f" on {_DAY_NAMES[peak_day.weekday()]} {peak_day}" if peak_day else "")
             + f"; peak/mean {s['peak'] / s['mean'] if s['mean'] else 1.0:.3f}"
-            f"; uniform 1/7 split would peak at {_n(s['uniform_peak'])}"
+            f"; an even split would peak at {_n(s['uniform_peak'])}"
             f" (ours/uniform {s['ratio']:.3f})")
         if g["unplaceable"].sum():
             lines.append(f"  !!! {int(g['unplaceable'].sum()):,} consents cannot be placed "
