@@ -1,0 +1,368 @@
+"""The planner's database side: read what is due, level the week, save and load plans.
+
+What is due is counted in SQL by class (provider, backlog or not, release day), never
+loaded row by row. Days of the week before ``today`` keep what actually happened (distinct
+consents with an outcome that day); ``today``..Saturday are re-levelled over what is still
+due, so each night's plan absorbs the previous days' failures and deferrals.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import Select, case, delete, func, insert, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from batch.db import schema
+from batch.db.engine import connect, transaction
+from batch.errors import ConfigError, InputError
+from planning import minutes as minute_plan
+from planning import quotas, usage
+from planning.calendar import KST, kst_date, week_days, week_start
+from planning.windows import Window, WindowError, day_minutes, parse_windows
+
+DEFAULT_CALLS_PER_CONSENT = 3.0
+HISTORY_DAYS = usage.MAX_HISTORY_DAYS
+DAY_COLUMNS = ["org_code", "date", "forecast_user_calls", "batch_quota", "batch_calls",
+               "total", "capacity", "unplaceable", "planned"]
+_INSERT_CHUNK = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderLimits:
+    """What the planner needs of one provider: its windows and how many consents a minute."""
+
+    org_code: str
+    windows: tuple[Window, ...]
+    calls_per_second: float
+    calls_per_consent: float
+
+    def __post_init__(self) -> None:
+        if not self.calls_per_second > 0:
+            raise ValueError("calls_per_second must be > 0")
+        if not (math.isfinite(self.calls_per_consent) and self.calls_per_consent > 0):
+            raise ValueError("calls_per_consent must be a positive number")
+
+    @property
+    def per_minute_cap(self) -> int:
+        """Consents a minute: floor(calls_per_second * 60 / calls_per_consent)."""
+        return math.floor(self.calls_per_second * 60 / self.calls_per_consent + 1e-9)
+
+
+@dataclass(frozen=True, slots=True)
+class DayPlan:
+    """One provider's plan for one day, as the dispatcher reads it.
+
+    ``batch_quota`` is the day's whole quota; ``minutes`` (minute of day -> target) covers
+    the minutes still ahead when the plan was made, so after a mid-day re-plan it sums to
+    the quota minus what had already been attempted that day.
+    """
+
+    org_code: str
+    day: date
+    batch_quota: int
+    minutes: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class WeekPlan:
+    """A week's plan: per provider and day (``days``) and per planned minute (``minutes``).
+
+    ``days`` columns: org_code, date, forecast_user_calls, batch_quota (consents),
+    batch_calls (= batch_quota x calls per consent), total (user + batch calls), capacity
+    (consents), unplaceable (consents that fit nowhere, on their deadline day), planned
+    (False for days before ``today``: what actually happened). ``minutes``: org_code, date,
+    minute, target, for planned days and minutes with a target above zero.
+    """
+
+    week_start: date
+    today: date
+    created_at: datetime
+    days: pd.DataFrame
+    minutes: pd.DataFrame
+    limits: dict[str, ProviderLimits]
+
+    @property
+    def week(self) -> list[date]:
+        return week_days(self.week_start)
+
+    @property
+    def planned_days(self) -> list[date]:
+        return [d for d in self.week if d >= self.today]
+
+    def unplaceable(self) -> dict[str, int]:
+        """Consents that cannot fit this week, per provider (only providers with some)."""
+        s = self.days.groupby("org_code")["unplaceable"].sum()
+        return {str(k): int(v) for k, v in s.items() if v > 0}
+
+    def day_plans(self, day: date) -> dict[str, DayPlan]:
+        """The plan of ``day`` per provider, as :func:`load_day_plan` would return it."""
+        rows = self.days[(self.days["date"] == day) & self.days["planned"]]
+        mins = self.minutes[self.minutes["date"] == day]
+        by_org = {str(k): g for k, g in mins.groupby("org_code")}
+        out: dict[str, DayPlan] = {}
+        for org, quota in zip(rows["org_code"], rows["batch_quota"], strict=True):
+            g = by_org.get(str(org))
+            m = {} if g is None else {int(a): int(b) for a, b in
+                                      zip(g["minute"], g["target"], strict=True)}
+            out[str(org)] = DayPlan(str(org), day, int(quota), m)
+        return out
+
+
+def _kst_midnight(day: date) -> datetime:
+    return datetime.combine(day, time(0), tzinfo=KST)
+
+
+def limits_from_row(org_code: str, windows: str, calls_per_second: float,
+                    options: str | None) -> ProviderLimits:
+    """Parse an ``institutions`` row; a bad row is a ConfigError naming the provider."""
+    try:
+        raw = json.loads(windows)
+    except json.JSONDecodeError:
+        raw = [w.strip() for w in windows.split(",") if w.strip()]
+    try:
+        parsed = parse_windows(raw if isinstance(raw, list) else [raw], min_total_minutes=0)
+    except WindowError as exc:
+        raise ConfigError(f"institution {org_code}: {exc}", field="windows") from None
+    try:
+        opts = json.loads(options or "{}")
+    except json.JSONDecodeError:
+        raise ConfigError(f"institution {org_code}: options are not JSON",
+                          field="options") from None
+    cpc = opts.get("calls_per_consent", DEFAULT_CALLS_PER_CONSENT) if isinstance(
+        opts, dict) else DEFAULT_CALLS_PER_CONSENT
+    if isinstance(cpc, bool) or not isinstance(cpc, int | float) or not cpc > 0:
+        raise ConfigError(f"institution {org_code}: calls_per_consent must be a positive "
+                          "number", field="calls_per_consent")
+    return ProviderLimits(org_code, parsed, float(calls_per_second), float(cpc))
+
+
+def window_minutes(limits: ProviderLimits, day: date, now: datetime) -> list[int]:
+    """Minutes of ``day`` still usable at ``now``: all, those starting at or after now, or
+    none (a day already past)."""
+    today = kst_date(now)
+    if day < today:
+        return []
+    mins = day_minutes(limits.windows)
+    if day == today:
+        local = now.astimezone(KST)
+        seconds = local.hour * 3600 + local.minute * 60 + local.second + local.microsecond / 1e6
+        first = math.ceil(seconds / 60)
+        mins = [m for m in mins if m >= first]
+    return mins
+
+
+def due_classes_query(sunday: date, planned: Sequence[date]) -> Select[Any]:
+    """Due consents counted by (org_code, backlog, release bucket) in SQL.
+
+    Bucket ``i`` means release on ``planned[i]``; ``len(planned)`` means not before next week.
+    """
+    c = schema.consents
+    bounds = [_kst_midnight(d) for d in planned[1:]] + [_kst_midnight(sunday + timedelta(7))]
+    bucket = case(*[(c.c.not_before < t, i) for i, t in enumerate(bounds)],
+                  else_=len(bounds))
+    backlog = case((c.c.due_week < sunday, 1), else_=0)
+    inner = (
+        select(c.c.org_code.label("org_code"), backlog.label("backlog"),
+               bucket.label("bucket"))
+        .where(c.c.status == "active", c.c.due_week <= sunday)
+        .subquery()
+    )
+    return (
+        select(inner.c.org_code, inner.c.backlog, inner.c.bucket, func.count().label("n"))
+        .group_by(inner.c.org_code, inner.c.backlog, inner.c.bucket)
+    )
+
+
+async def _read(engine: AsyncEngine, sunday: date, today: date, now: datetime,
+                planned: list[date]) -> tuple[dict[str, ProviderLimits], pd.DataFrame,
+                                              pd.DataFrame, pd.DataFrame]:
+    inst = schema.institutions
+    ud = schema.usage_daily
+    co = schema.call_outcomes
+    attempted_until = today if kst_date(now) >= today else today - timedelta(days=1)
+    async with connect(engine) as conn:
+        rows = (await conn.execute(select(inst.c.org_code, inst.c.windows,
+                                          inst.c.calls_per_second, inst.c.options)
+                                   .order_by(inst.c.org_code))).all()
+        classes = (await conn.execute(due_classes_query(sunday, planned))).all()
+        hist = (await conn.execute(
+            select(ud.c.org_code, ud.c.day, ud.c.user_calls)
+            .where(ud.c.day >= min(sunday, today) - timedelta(days=HISTORY_DAYS),
+                   ud.c.day < sunday + timedelta(days=7))
+        )).all()
+        done = (await conn.execute(
+            select(co.c.org_code, co.c.day, func.count(func.distinct(co.c.consent_id)))
+            .where(co.c.day >= sunday, co.c.day <= attempted_until,
+                   co.c.action != "not_attempted")
+            .group_by(co.c.org_code, co.c.day)
+        )).all()
+    limits = {str(r[0]).strip(): limits_from_row(str(r[0]).strip(), r[1], float(r[2]), r[3])
+              for r in rows}
+    cls = pd.DataFrame([(str(a).strip(), int(b), int(k), int(n)) for a, b, k, n in classes],
+                       columns=["org_code", "backlog", "bucket", "count"])
+    hist_df = pd.DataFrame([(str(a).strip(), d, int(n)) for a, d, n in hist],
+                           columns=["org_code", "date", "user_calls"])
+    done_df = pd.DataFrame([(str(a).strip(), d, int(n)) for a, d, n in done],
+                           columns=["org_code", "date", "attempted"])
+    return limits, cls, hist_df, done_df
+
+
+async def build_week_plan(engine: AsyncEngine, *, week_of: date, today: date,
+                          now: datetime) -> WeekPlan:
+    """Plan the week holding ``week_of`` as seen on ``today`` at ``now`` (aware)."""
+    sunday = week_start(week_of)
+    week = week_days(sunday)
+    if not sunday <= today <= week[-1]:
+        raise InputError(f"today {today} is not in the week {sunday}..{week[-1]}")
+    if now.tzinfo is None:
+        raise InputError("now must be timezone-aware")
+    planned = [d for d in week if d >= today]
+    limits, cls, hist, done = await _read(engine, sunday, today, now, planned)
+    orgs = sorted(limits)
+
+    # Planned days are forecast from everything before today; days already past show the
+    # actual user calls, or (none recorded) what was forecast from before the week.
+    actual = {(o, d): float(n) for o, d, n in
+              zip(hist["org_code"], hist["date"], hist["user_calls"], strict=True) if d < today}
+    forecast: dict[tuple[str, date], float] = {}
+    if orgs:
+        fc = usage.forecast(hist[hist["date"] < today], planned, orgs)
+        past = [d for d in week if d < today]
+        if past and any((o, d) not in actual for o in orgs for d in past):
+            fc = pd.concat([usage.forecast(hist[hist["date"] < sunday], past, orgs), fc])
+        forecast = {(o, d): v for o, d, v in
+                    zip(fc["org_code"], fc["date"], fc["forecast_user_calls"], strict=True)}
+    forecast.update(actual)
+    attempted = {(o, d): n for o, d, n in zip(done["org_code"], done["date"],
+                                              done["attempted"], strict=True)}
+
+    # Planned days: base load = forecast users + what already ran today.
+    day_rows = []
+    first_open: dict[str, date] = {}     # the first planned day a provider can take work
+    for org in orgs:
+        lim = limits[org]
+        for d in planned:
+            fixed = attempted.get((org, d), 0) if d == today else 0
+            cap = len(window_minutes(lim, d, now)) * lim.per_minute_cap
+            if cap > 0:
+                first_open.setdefault(org, d)
+            day_rows.append((org, d, forecast.get((org, d), 0.0)
+                             + lim.calls_per_consent * fixed, cap, fixed))
+    days_df = pd.DataFrame(day_rows, columns=["org_code", "date", "base_load", "capacity",
+                                              "fixed"])
+    class_rows = []
+    last = len(planned)
+    for org, backlog, bucket, n in zip(cls["org_code"], cls["backlog"], cls["bucket"],
+                                       cls["count"], strict=True):
+        if bucket >= last or org not in limits:
+            continue  # not before next week (or an unknown provider): not due this week
+        release = planned[bucket]
+        # Backlog goes first: its deadline is the first day with window time left (today,
+        # unless today's windows are already over).
+        deadline = max(release, first_open.get(org, planned[0])) if backlog else planned[-1]
+        class_rows.append((org, release, deadline, n))
+    classes = pd.DataFrame(class_rows, columns=["org_code", "release", "deadline", "count"])
+    classes = pd.DataFrame(classes.groupby(["org_code", "release", "deadline"],
+                                           as_index=False)["count"].sum())
+    weights = {o: limits[o].calls_per_consent for o in orgs}
+    leveled = quotas.plan_quotas(days_df, classes, weights)
+
+    out_rows: list[tuple[Any, ...]] = []
+    minute_frames: list[pd.DataFrame] = []
+    lev = {(o, d): (int(q), int(u), int(f), int(c)) for o, d, q, u, f, c in zip(
+        leveled["org_code"], leveled["date"], leveled["batch_quota"], leveled["unplaceable"],
+        leveled["fixed"], leveled["capacity"], strict=True)}
+    for org in orgs:
+        lim = limits[org]
+        full_cap = len(day_minutes(lim.windows)) * lim.per_minute_cap
+        for d in week:
+            user = round(forecast.get((org, d), 0.0))
+            if d < today:
+                q, unpl, cap, is_planned = attempted.get((org, d), 0), 0, full_cap, False
+            else:
+                new, unpl, fixed, cap = lev[(org, d)]
+                q, is_planned = new + fixed, True
+                if new:
+                    s = minute_plan.spread(new, window_minutes(lim, d, now), lim.per_minute_cap)
+                    s = s[s > 0]
+                    minute_frames.append(pd.DataFrame({
+                        "org_code": org, "date": d, "minute": s.index.to_numpy(),
+                        "target": s.to_numpy()}))
+            batch_calls = round(q * lim.calls_per_consent)
+            out_rows.append((org, d, user, q, batch_calls, user + batch_calls, cap, unpl,
+                             is_planned))
+    days_out = pd.DataFrame(out_rows, columns=DAY_COLUMNS)
+    for col in ("forecast_user_calls", "batch_quota", "batch_calls", "total", "capacity",
+                "unplaceable"):
+        days_out[col] = days_out[col].astype("int64")
+    days_out["planned"] = days_out["planned"].astype(bool)
+    minutes_out = (pd.concat(minute_frames, ignore_index=True) if minute_frames else
+                   pd.DataFrame({"org_code": pd.Series(dtype=str),
+                                 "date": pd.Series(dtype=object),
+                                 "minute": pd.Series(dtype="int64"),
+                                 "target": pd.Series(dtype="int64")}))
+    return WeekPlan(week_start=sunday, today=today, created_at=now, days=days_out,
+                    minutes=minutes_out, limits=limits)
+
+
+async def save_plan(engine: AsyncEngine, plan: WeekPlan) -> None:
+    """Replace plan_days and plan_minutes for the plan's planned days, in one transaction."""
+    planned = plan.planned_days
+    rows = plan.days[plan.days["planned"]]
+    day_rows = [
+        {"org_code": o, "day": d, "week_start": plan.week_start,
+         "forecast_user_calls": int(f), "batch_quota": int(q), "capacity": int(c),
+         "unplaceable": int(u), "created_at": plan.created_at}
+        for o, d, f, q, c, u in zip(rows["org_code"], rows["date"],
+                                    rows["forecast_user_calls"], rows["batch_quota"],
+                                    rows["capacity"], rows["unplaceable"], strict=True)
+    ]
+    m = plan.minutes
+    minute_rows = [(str(o), d, int(mi), int(t)) for o, d, mi, t in
+                   zip(m["org_code"], m["date"], m["minute"], m["target"], strict=True)]
+    async with transaction(engine) as conn:
+        await conn.execute(delete(schema.plan_minutes)
+                           .where(schema.plan_minutes.c.day.in_(planned)))
+        await conn.execute(delete(schema.plan_days).where(schema.plan_days.c.day.in_(planned)))
+        for i in range(0, len(day_rows), _INSERT_CHUNK):
+            await conn.execute(insert(schema.plan_days), day_rows[i:i + _INSERT_CHUNK])
+        if engine.dialect.name == "postgresql" and minute_rows:
+            # Hundreds of thousands of minute rows: COPY, inside the same transaction.
+            raw = await conn.get_raw_connection()
+            driver = raw.driver_connection
+            assert driver is not None
+            await driver.copy_records_to_table(
+                "plan_minutes", records=minute_rows,
+                columns=["org_code", "day", "minute", "target"])
+        else:
+            keys = ("org_code", "day", "minute", "target")
+            for i in range(0, len(minute_rows), _INSERT_CHUNK):
+                await conn.execute(insert(schema.plan_minutes),
+                                   [dict(zip(keys, r, strict=True))
+                                    for r in minute_rows[i:i + _INSERT_CHUNK]])
+
+
+async def load_day_plan(engine: AsyncEngine, *, day: date) -> dict[str, DayPlan]:
+    """The saved plan of ``day`` per provider; {} when none was saved for that day."""
+    pd_t = schema.plan_days
+    pm = schema.plan_minutes
+    async with connect(engine) as conn:
+        days = (await conn.execute(select(pd_t.c.org_code, pd_t.c.batch_quota)
+                                   .where(pd_t.c.day == day))).all()
+        if not days:
+            return {}
+        mins = (await conn.execute(select(pm.c.org_code, pm.c.minute, pm.c.target)
+                                   .where(pm.c.day == day)
+                                   .order_by(pm.c.org_code, pm.c.minute))).all()
+    by_org: dict[str, dict[int, int]] = {}
+    for org, minute, target in mins:
+        by_org.setdefault(str(org).strip(), {})[int(minute)] = int(target)
+    return {str(o).strip(): DayPlan(str(o).strip(), day, int(q), by_org.get(str(o).strip(), {}))
+            for o, q in days}
