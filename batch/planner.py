@@ -19,6 +19,7 @@ import pandas as pd
 from sqlalchemy import Select, case, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from batch.config import Provider
 from batch.db import schema
 from batch.db.engine import connect, transaction
 from batch.errors import ConfigError, InputError
@@ -48,6 +49,15 @@ class ProviderLimits:
             raise ValueError("calls_per_second must be > 0")
         if not (math.isfinite(self.calls_per_consent) and self.calls_per_consent > 0):
             raise ValueError("calls_per_consent must be a positive number")
+
+    @classmethod
+    def from_provider(cls, provider: Provider) -> ProviderLimits:
+        """The limits of a loaded provider (``calls_per_consent`` from its extra keys)."""
+        cpc = provider.extra.get("calls_per_consent", DEFAULT_CALLS_PER_CONSENT)
+        if isinstance(cpc, bool) or not isinstance(cpc, int | float) or not cpc > 0:
+            raise ConfigError(f"institution {provider.org_code}: calls_per_consent must be a "
+                              "positive number", field="calls_per_consent")
+        return cls(provider.org_code, provider.windows, provider.calls_per_second, float(cpc))
 
     @property
     def per_minute_cap(self) -> int:

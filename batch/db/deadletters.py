@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.db.engine import transaction
@@ -28,7 +28,7 @@ async def requeue(engine: AsyncEngine, *, now: datetime, org_code: str | None = 
     """Mark the chosen open dead letters requeued and make their consents due now; one
     transaction. Returns how many consents were requeued."""
     week = week_start(kst_date(now))
-    cond = [dead_letters.c.requeued_at.is_(None)]
+    cond: list[ColumnElement[bool]] = [dead_letters.c.requeued_at.is_(None)]
     if org_code:
         cond.append(dead_letters.c.org_code == org_code)
     if ids:

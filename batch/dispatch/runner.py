@@ -28,7 +28,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.client import MydataClient, RefreshResult, make_http_client
 from batch.clock import Clock
-from batch.config import Provider
 from batch.db import schema, work
 from batch.db.engine import init_db, transaction
 from batch.db.loaders import read_institutions
@@ -37,7 +36,7 @@ from batch.dispatch.policy import RetryPolicy
 from batch.dispatch.provider import DispatchSettings, ProviderDispatcher
 from batch.dispatch.writer import OutcomeWriter
 from batch.errors import InputError
-from batch.planner import build_week_plan, load_day_plan, save_plan
+from batch.planner import ProviderLimits, build_week_plan, load_day_plan, save_plan
 from batch.resilience.breaker import State
 from batch.resilience.chain import ProviderChain
 from batch.resilience.settings import ChainSettings
@@ -64,7 +63,6 @@ class RunOptions:
     progress: str = "auto"  # auto | tty | log | none
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
-    calls_per_consent: float = 3.0
     max_connections: int = 200
     page_limit: int = 500
 
@@ -73,12 +71,6 @@ class RunOptions:
             raise ValueError("grace_seconds must be >= 0")
         if self.progress not in ("auto", "tty", "log", "none"):
             raise ValueError("progress must be auto, tty, log or none")
-
-
-def per_minute_cap(provider: Provider, calls_per_consent: float) -> int:
-    """Refreshes a minute can hold at the provider's registered call rate."""
-    cpc = float(provider.extra.get("calls_per_consent", calls_per_consent))
-    return max(1, int(provider.calls_per_second * 60 / max(1.0, cpc)))
 
 
 @dataclass(slots=True)
@@ -135,11 +127,10 @@ async def run_day(
     for p in providers:
         plan = plans.get(p.org_code)
         quota = plan.batch_quota if plan else 0
-        cap = per_minute_cap(p, options.calls_per_consent)
+        cap = ProviderLimits.from_provider(p).per_minute_cap
         if options.window_override is not None:
-            mins = day_minutes(options.window_override)
-            series = spread(quota, mins, cap)
-            minutes = {int(m): int(n) for m, n in series.items()}
+            series = spread(quota, day_minutes(options.window_override), cap)
+            minutes = dict(zip(series.index.tolist(), series.tolist(), strict=True))
         else:
             minutes = dict(plan.minutes) if plan else {}
         chain = ProviderChain(p.org_code, ChainSettings.from_provider(p), clock=clock)
