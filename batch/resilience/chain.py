@@ -228,6 +228,7 @@ class ProviderChain:
             "limiter": {
                 "rate": round(limiter.rate(now), 4),
                 "base_rate": limiter.base_rate,
+                "next_wait_s": round(limiter.next_wait(now), 6),
                 "paused_for_s": (round(max(0.0, limiter.paused_until - now), 3)
                                  if limiter.paused_until is not None else 0.0),
             },

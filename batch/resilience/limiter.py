@@ -77,6 +77,12 @@ class RateLimiter:
             self._recover(now)
         return self.base_rate * self._factor
 
+    def next_wait(self, now: float) -> float:
+        """How long a call arriving at ``now`` would wait for its slot (reserves nothing)."""
+        if self._factor != 1.0:
+            self._recover(now)
+        return max(0.0, self._tat - self._tau - now)
+
     @property
     def paused_until(self) -> float | None:
         return self._paused_until if self._paused_until > float("-inf") else None
