@@ -41,8 +41,9 @@ class ProviderChain:
 
     __slots__ = (
         "_backoff", "_breaker", "_budget", "_bulkhead", "_bulkhead_wait", "_call_deadline",
-        "_clock", "_emit", "_limiter", "_max_attempts", "_per_attempt", "_rej_breaker",
-        "_rej_bulkhead", "_rej_deadline", "_rej_limiter", "org_code", "settings",
+        "_clock", "_emit", "_limiter", "_max_attempts", "_min_attempt_time", "_per_attempt",
+        "_rej_breaker", "_rej_bulkhead", "_rej_deadline", "_rej_limiter", "org_code",
+        "settings",
     )
 
     def __init__(self, org_code: str, settings: ChainSettings, *, clock: Clock,
@@ -61,6 +62,7 @@ class ProviderChain:
         self._backoff = Backoff(settings.retry, random if random is not None
                                 else _random.random)
         self._max_attempts = settings.retry.max_attempts
+        self._min_attempt_time = settings.retry.min_attempt_time
         self._per_attempt = settings.timeouts.per_attempt
         self._call_deadline = settings.timeouts.call_deadline
         # Outcomes are frozen: one instance per kind of refusal serves every call.
@@ -191,7 +193,8 @@ class ProviderChain:
             reason = "breaker not closed"
         else:
             delay = self._backoff.wait(attempts)
-            if now + delay >= deadline:
+            left = deadline - now - delay
+            if left <= 0.0 or left < self._min_attempt_time:
                 reason = "deadline"
             elif not self._budget.try_spend(now):
                 reason = "retry budget exhausted"

@@ -113,9 +113,14 @@ class RetrySettings:
     budget_window: int = 10
     #: ... plus this many retries per window, so a quiet provider can still retry
     budget_floor: int = 3
+    #: a retry is skipped unless at least this long is left before the deadline after its
+    #: backoff: an attempt cut short by the deadline would only turn a known fault into an
+    #: unknown timeout
+    min_attempt_time: float = 1.0
 
     def __post_init__(self) -> None:
         _positive_int("retry.max_attempts", self.max_attempts)
+        _non_negative("retry.min_attempt_time", self.min_attempt_time)
         _positive("retry.backoff_base", self.backoff_base)
         _positive("retry.backoff_multiplier", self.backoff_multiplier)
         if self.backoff_multiplier < 1:

@@ -178,11 +178,24 @@ async def test_no_retries_while_the_breaker_is_half_open() -> None:
     assert out.attempts == 1 and provider.calls == 21  # the probe is not retried
 
 
+async def test_no_retry_starts_without_its_minimum_time_before_the_deadline() -> None:
+    clock = FakeClock()
+    provider = Provider(clock, default=FAULT, latency=1.0)
+    c = chain(clock, retry=RetrySettings(max_attempts=10, backoff_base=0.1,
+                                         backoff_multiplier=1.0, min_attempt_time=1.0))
+    out = await drive(clock, c.call(provider, deadline=3.5))
+    # a 4th attempt would start at 3.3 with 0.2 s left: skipped, the fault is returned
+    assert provider.starts == [0.0, 1.1, pytest.approx(2.2)]
+    assert out.kind is Kind.FAULT and out.attempts == 3
+    assert clock.monotonic() == pytest.approx(3.2)
+
+
 async def test_the_deadline_bounds_every_attempt() -> None:
     clock = FakeClock()
     provider = Provider(clock, default=FAULT, latency=1.0)
     c = chain(clock, retry=RetrySettings(max_attempts=10, backoff_base=0.1,
-                                         backoff_multiplier=1.0), rnd=1.0)
+                                         backoff_multiplier=1.0, min_attempt_time=0.1),
+              rnd=1.0)
     out = await drive(clock, c.call(provider, deadline=3.5))
     # attempts at 0, 1.1, 2.2 (each 1 s + 0.1 s backoff); a 4th would start at 3.3 with
     # 0.2 s left and is given only that much
