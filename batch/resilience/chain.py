@@ -92,6 +92,8 @@ class ProviderChain:
 
         ``attempt(timeout_s)`` performs one HTTP attempt and returns its classified outcome.
         ``deadline`` is an absolute ``clock.monotonic()`` time for all attempts together.
+        Listeners get exactly one CallFinished per call, plus a Rejected when one of our
+        layers refused it (or refused a retry).
         """
         clock = self._clock
         now = clock.monotonic()
@@ -103,6 +105,7 @@ class ProviderChain:
         if not permit:
             if self._emit.active:
                 self._emit(Rejected(self.org_code, Layer.BREAKER, "circuit open"))
+                self._emit(CallFinished(self.org_code, None, self._rej_breaker, 0, 0.0))
             return self._rej_breaker
         self._budget.note_call(now)
         limiter = self._limiter
@@ -172,7 +175,9 @@ class ProviderChain:
                 self._emit(Rejected(self.org_code, refused.layer or Layer.DEADLINE,
                                     refused.detail, out.tran_id if out else None))
             if out is None:
-                breaker.record(refused, 0.0, now, permit)
+                breaker.record(refused, 0.0, now, permit)  # neutral: frees a probe permit
+                if self._emit.active:
+                    self._emit(CallFinished(self.org_code, None, refused, 0, now - started))
                 return refused
         assert out is not None
         if out.attempts != attempts:

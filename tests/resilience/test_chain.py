@@ -126,8 +126,10 @@ async def test_rejections_by_layer_are_reported() -> None:
     events: list[Event] = []
     c = chain(clock, events=events)
     await trip(c, clock)
-    await drive(clock, c.call(Provider(clock)))
+    events.clear()
+    out = await drive(clock, c.call(Provider(clock)))
     assert [e.layer for e in events if isinstance(e, Rejected)] == [Layer.BREAKER]
+    assert [e.outcome for e in events if isinstance(e, CallFinished)] == [out]
 
 
 async def test_a_deadline_already_past_is_rejected_without_an_attempt() -> None:
