@@ -248,6 +248,14 @@ class ChainSettings:
     @classmethod
     def from_provider(cls, provider: Provider) -> ChainSettings:
         """Settings from an institutions-file provider plus its optional override tables."""
+        try:
+            return cls._from_provider(provider)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc.reason} (provider {provider.org_code})",
+                              field=exc.field) from None
+
+    @classmethod
+    def _from_provider(cls, provider: Provider) -> ChainSettings:
         extra = provider.extra
         timeouts = _with_overrides(
             TimeoutSettings(connect_timeout=provider.connect_timeout,

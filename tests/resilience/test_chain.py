@@ -163,3 +163,19 @@ async def test_the_snapshot_is_json_and_shows_every_layer() -> None:
     assert snap["retry_budget"]["calls_in_window"] == 4
     assert snap["retry_budget"]["retries_in_window"] == 4
     assert snap["limiter"]["rate"] == 1e6
+
+
+async def test_slow_attempts_open_the_breaker_but_waiting_for_a_slot_is_not_slowness() -> None:
+    breaker = BreakerSettings(window_size=4, minimum_calls=4, slow_call_duration=5.0,
+                              slow_call_rate_threshold=0.5)
+    clock = FakeClock()
+    s = ChainSettings(breaker=breaker, limiter=LimiterSettings(calls_per_second=0.1, burst=1,
+                                                               max_wait=100.0))
+    c = ProviderChain("BANK000001", s, clock=clock)
+    fast = Provider(clock, latency=0.1)
+    outs = await drive_all(clock, [c.call(fast) for _ in range(4)])  # waits of 0, 10, 20, 30 s
+    assert all(o.ok for o in outs) and c.breaker.state is State.CLOSED
+    slow = Provider(clock, latency=6.0)
+    for _ in range(2):
+        await drive(clock, c.call(slow))
+    assert c.breaker.state is State.OPEN  # 2 slow of the last 4

@@ -59,6 +59,7 @@ def test_a_bad_override_names_its_field(extra: str, field: str) -> None:
     with pytest.raises(ConfigError) as exc:
         settings(extra)
     assert exc.value.field == field
+    assert "(provider BANK000001)" in str(exc.value)
 
 
 def test_constructors_validate() -> None:
