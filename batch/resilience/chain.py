@@ -34,6 +34,7 @@ Attempt = Callable[[float], Awaitable[Outcome]]
 
 _FAULT = Kind.FAULT
 _THROTTLED = Kind.THROTTLED
+_REJECTED = Kind.REJECTED
 
 
 class ProviderChain:
@@ -147,24 +148,29 @@ class ProviderChain:
                         t = self._per_attempt
                     try:
                         async with clock.timeout(t):
-                            out = await attempt(t)
+                            o = await attempt(t)
                     except TimeoutError:
-                        out = timed_out(f"no answer within {t:.3g} s",
-                                        elapsed=clock.monotonic() - now)
+                        o = timed_out(f"no answer within {t:.3g} s",
+                                      elapsed=clock.monotonic() - now)
                 finally:
                     bulkhead.release()
                 end = clock.monotonic()
+                if o.kind is _REJECTED:  # the attempt itself declined (e.g. shutting down)
+                    refused = o
+                    now = end
+                    break
+                out = o
                 attempts += 1
                 if end - now > slowest:
                     slowest = end - now
                 now = end
-                kind = out.kind
-                if kind is not _FAULT or not out.retryable:
+                kind = o.kind
+                if kind is not _FAULT or not o.retryable:
                     if kind is _THROTTLED:
-                        limiter.observe(out, now)
+                        limiter.observe(o, now)
                     break
                 # -- retry: a transient fault
-                if not await self._retry_wait(out, attempts, permit, now, deadline):
+                if not await self._retry_wait(o, attempts, permit, now, deadline):
                     break
                 now = clock.monotonic()
         except BaseException:

@@ -179,3 +179,16 @@ async def test_slow_attempts_open_the_breaker_but_waiting_for_a_slot_is_not_slow
     for _ in range(2):
         await drive(clock, c.call(slow))
     assert c.breaker.state is State.OPEN  # 2 slow of the last 4
+
+
+async def test_an_attempt_that_declines_itself_is_not_counted_as_an_attempt() -> None:
+    from batch.resilience.outcomes import rejected
+
+    clock = FakeClock()
+    c = chain(clock)
+    shutdown = rejected(Layer.SHUTDOWN, "stopping")
+    out = await drive(clock, c.call(Provider(clock, [shutdown])))
+    assert (out.kind, out.layer, out.attempts) == (Kind.REJECTED, Layer.SHUTDOWN, 0)
+    out = await drive(clock, c.call(Provider(clock, [FAULT, shutdown])))
+    assert (out.kind, out.rsp_code, out.attempts) == (Kind.FAULT, "50001", 1)
+    assert c.breaker.rates() == (1.0, 0.0, 1)  # only the real fault was recorded
