@@ -1,0 +1,73 @@
+"""The bulkhead: at most N calls in flight per provider; a caller waits at most a set time.
+
+A semaphore the caller's task waits on (no thread pool). The free path is two integer
+operations; only a caller that must wait allocates a future. A permit freed while callers
+wait goes straight to the first of them (FIFO), so no newcomer can overtake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+
+from batch.clock import Clock
+
+
+class Bulkhead:
+    __slots__ = ("_waiters", "in_use", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_use = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def try_acquire(self) -> bool:
+        """Take a permit if one is free and nobody is queued ahead."""
+        if self.in_use < self.limit and not self._waiters:
+            self.in_use += 1
+            return True
+        return False
+
+    async def acquire(self, clock: Clock, max_wait: float) -> bool:
+        """Wait up to ``max_wait`` seconds for a permit; False if none came in time."""
+        if self.try_acquire():
+            return True
+        if max_wait <= 0:
+            return False
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            async with clock.timeout(max_wait):
+                await fut
+        except TimeoutError:
+            if fut.done() and not fut.cancelled():
+                return True  # the permit arrived as the wait ran out: keep it
+            self._drop(fut)
+            return False
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.release()  # handed a permit, but we are going away: pass it on
+            else:
+                self._drop(fut)
+            raise
+        return True
+
+    def release(self) -> None:
+        """Give a permit back, to the first live waiter if any."""
+        waiters = self._waiters
+        while waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self.in_use -= 1
+
+    def _drop(self, fut: asyncio.Future[None]) -> None:
+        fut.cancel()
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(fut)

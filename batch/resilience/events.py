@@ -1,0 +1,112 @@
+"""Events the chain emits, and the listener hook that metrics and logs attach to.
+
+Every event carries the provider's ``org_code`` and, when one exists, the ``x-api-tran-id``
+of the attempt it concerns. A listener that raises is logged and ignored: observing a call
+must never break it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from batch.resilience.outcomes import Kind, Layer, Outcome
+
+log = logging.getLogger("batch.resilience")
+
+
+@dataclass(frozen=True, slots=True)
+class StateChanged:
+    """The breaker moved from one state to another."""
+
+    org_code: str
+    old: str
+    new: str
+    at: float
+    reason: str
+    tran_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryScheduled:
+    """A failed attempt will be retried after ``delay`` seconds."""
+
+    org_code: str
+    tran_id: str | None
+    attempt: int
+    delay: float
+    kind: Kind
+    rsp_code: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RetrySkipped:
+    """A retryable fault was not retried, and why (budget, deadline, breaker, attempts)."""
+
+    org_code: str
+    tran_id: str | None
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """One of our own layers refused a call or an attempt before it reached the provider."""
+
+    org_code: str
+    layer: Layer
+    detail: str
+    tran_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallFinished:
+    """A logical call ended with ``outcome`` after ``attempts`` attempts."""
+
+    org_code: str
+    tran_id: str | None
+    outcome: Outcome
+    attempts: int
+    duration: float
+
+
+@dataclass(frozen=True, slots=True)
+class RateAdjusted:
+    """The limiter's rate changed (throttled, paused or recovered)."""
+
+    org_code: str
+    rate: float
+    base_rate: float
+    reason: str
+    until: float | None = None
+    tran_id: str | None = None
+
+
+Event = StateChanged | RetryScheduled | RetrySkipped | Rejected | CallFinished | RateAdjusted
+
+
+class Listener(Protocol):
+    """Anything called with each event (a metrics sink, a logger, a test's list.append)."""
+
+    def __call__(self, event: Event, /) -> None: ...
+
+
+class Emitter:
+    """Delivers each event to every listener; a listener's error is logged, never raised."""
+
+    __slots__ = ("active", "listeners")
+
+    def __init__(self, listeners: Sequence[Listener] = ()) -> None:
+        self.listeners = tuple(listeners)
+        #: False when nobody listens, so the hot path skips building events at all
+        self.active = bool(self.listeners)
+
+    def __call__(self, event: Event) -> None:
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception:
+                log.exception("resilience listener %r failed on %s", listener,
+                              type(event).__name__)

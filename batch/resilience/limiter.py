@@ -1,0 +1,134 @@
+"""The rate limiter: GCRA spacing of calls, a small burst, a maximum wait, adaptive back-off.
+
+Each call reserves the next slot on a theoretical arrival time (TAT) and waits until its
+slot: after the burst, no two calls are closer than ``1 / rate``. A call whose slot is more
+than the maximum wait away is refused and reserves nothing. When the provider throttles us
+(42902, HTTP 429) the rate drops by a factor for a while and then climbs back linearly;
+40301/40302 or a Retry-After pause the provider outright.
+"""
+
+from __future__ import annotations
+
+from batch.resilience.events import Emitter, RateAdjusted
+from batch.resilience.outcomes import Kind, Outcome
+from batch.resilience.settings import LimiterSettings
+
+#: after lowering the rate, further 42902s within this many seconds (answers to calls
+#: already in flight) do not lower it again
+DECREASE_GAP = 1.0
+_PAUSE_CODES = frozenset({"40301", "40302"})
+
+
+class RateLimiter:
+    __slots__ = (
+        "_emit", "_factor", "_hold_until", "_interval", "_last_decrease", "_low",
+        "_paused_until", "_tat", "_tau", "base_rate", "max_wait", "org_code", "settings",
+    )
+
+    def __init__(self, settings: LimiterSettings, *, org_code: str = "",
+                 emit: Emitter | None = None) -> None:
+        self.settings = settings
+        self.org_code = org_code
+        self._emit = emit if emit is not None else Emitter()
+        self.base_rate = settings.calls_per_second
+        self.max_wait = settings.max_wait
+        self._tat = float("-inf")
+        self._factor = 1.0
+        self._low = 1.0
+        self._hold_until = 0.0
+        self._last_decrease = float("-inf")
+        self._paused_until = float("-inf")
+        self._interval = 0.0
+        self._tau = 0.0
+        self._set_factor(1.0)
+
+    # ------------------------------------------------------------------ per call
+    def reserve(self, now: float, max_wait: float) -> float:
+        """Seconds to wait for this call's slot (>= 0), or -1.0: refused, nothing reserved."""
+        if self._factor != 1.0:
+            self._recover(now)
+        tat = self._tat
+        if tat < now:
+            tat = now
+        wait = tat - self._tau - now
+        if wait > max_wait:
+            return -1.0
+        self._tat = tat + self._interval
+        return wait if wait > 0.0 else 0.0
+
+    def observe(self, outcome: Outcome, now: float) -> None:
+        """Adapt to a THROTTLED answer: lower the rate (42902, 429) or pause (40301/40302)."""
+        if outcome.kind is not Kind.THROTTLED:
+            return
+        st = self.settings
+        if outcome.rsp_code in _PAUSE_CODES:
+            self.pause(now, st.pause, reason=f"paused on {outcome.rsp_code}",
+                       tran_id=outcome.tran_id)
+        else:
+            self.throttle(now, tran_id=outcome.tran_id)
+        if outcome.retry_after is not None and outcome.retry_after > 0:
+            self.pause(now, min(outcome.retry_after, st.retry_after_max),
+                       reason="retry-after", tran_id=outcome.tran_id)
+
+    # ------------------------------------------------------------------ adapting
+    def rate(self, now: float) -> float:
+        """The rate in force at ``now`` (calls per second)."""
+        if self._factor != 1.0:
+            self._recover(now)
+        return self.base_rate * self._factor
+
+    def next_wait(self, now: float) -> float:
+        """How long a call arriving at ``now`` would wait for its slot (reserves nothing)."""
+        if self._factor != 1.0:
+            self._recover(now)
+        return max(0.0, self._tat - self._tau - now)
+
+    @property
+    def paused_until(self) -> float | None:
+        return self._paused_until if self._paused_until > float("-inf") else None
+
+    def throttle(self, now: float, *, tran_id: str | None = None) -> None:
+        """Lower the rate by ``throttle_factor`` (not below the floor) and hold it there."""
+        st = self.settings
+        if self._factor != 1.0:
+            self._recover(now)
+        self._hold_until = now + st.throttle_hold
+        if now - self._last_decrease < DECREASE_GAP:
+            return
+        self._last_decrease = now
+        low = max(st.min_rate_fraction, self._factor * st.throttle_factor)
+        self._low = low
+        self._set_factor(low)
+        if self._emit.active:
+            self._emit(RateAdjusted(self.org_code, self.base_rate * low, self.base_rate,
+                                    "throttled", self._hold_until, tran_id))
+
+    def pause(self, now: float, seconds: float, *, reason: str = "paused",
+              tran_id: str | None = None) -> None:
+        """No call before ``now + seconds``."""
+        until = now + seconds
+        if until > self._paused_until:
+            self._paused_until = until
+        if until + self._tau > self._tat:
+            self._tat = until + self._tau
+        if self._emit.active:
+            self._emit(RateAdjusted(self.org_code, 0.0, self.base_rate, reason, until, tran_id))
+
+    def _recover(self, now: float) -> None:
+        hold = self._hold_until
+        if now < hold:
+            return
+        low = self._low
+        f = low + (1.0 - low) * (now - hold) / self.settings.recovery_time
+        if f >= 1.0:
+            self._set_factor(1.0)
+            if self._emit.active:
+                self._emit(RateAdjusted(self.org_code, self.base_rate, self.base_rate,
+                                        "recovered"))
+        else:
+            self._set_factor(f)
+
+    def _set_factor(self, f: float) -> None:
+        self._factor = f
+        self._interval = 1.0 / (self.base_rate * f)
+        self._tau = (self.settings.burst - 1) * self._interval

@@ -1,0 +1,194 @@
+"""The chain as a whole: the breaker in front, events, snapshot, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from batch.clock import FakeClock
+from batch.resilience import (
+    BreakerSettings,
+    CallFinished,
+    ChainSettings,
+    Event,
+    LimiterSettings,
+    ProviderChain,
+    Rejected,
+    RetryScheduled,
+    RetrySettings,
+    State,
+    StateChanged,
+)
+from batch.resilience.outcomes import Kind, Layer
+from tests.resilience.fakes import FAULT, OK, Provider, drive, drive_all
+
+BREAKER = BreakerSettings(window_size=4, minimum_calls=4, open_wait=30.0,
+                          half_open_permits=2)
+
+
+def chain(clock: FakeClock, *, events: list[Event] | None = None,
+          listeners: list[object] | None = None,
+          limiter: LimiterSettings | None = None) -> ProviderChain:
+    s = ChainSettings(breaker=BREAKER, retry=RetrySettings(max_attempts=2, budget_floor=100),
+                      limiter=limiter or LimiterSettings(calls_per_second=1e6, burst=1000))
+    ls: list[object] = list(listeners or [])
+    if events is not None:
+        ls.append(events.append)
+    return ProviderChain("BANK000001", s, clock=clock, random=lambda: 0.0,
+                         listeners=ls)  # type: ignore[arg-type]
+
+
+async def trip(c: ProviderChain, clock: FakeClock) -> None:
+    down = Provider(clock, default=FAULT)
+    for _ in range(4):
+        await drive(clock, c.call(down))
+    assert c.breaker.state is State.OPEN
+
+
+async def test_a_call_refused_by_the_open_breaker_touches_nothing_inside() -> None:
+    clock = FakeClock()
+    c = chain(clock, limiter=LimiterSettings(calls_per_second=1, burst=1, max_wait=1000))
+    await trip(c, clock)
+    before = c.snapshot()
+    assert before["limiter"]["next_wait_s"] > 0  # type: ignore[index]
+    started = clock.monotonic()
+    provider = Provider(clock)
+    out = await c.call(provider)
+    assert out.kind is Kind.REJECTED and out.layer is Layer.BREAKER and out.attempts == 0
+    assert provider.calls == 0
+    assert c.snapshot() == before  # no limiter slot, no budget call, no bulkhead permit
+    assert clock.monotonic() == started  # and no waiting
+
+
+async def test_the_breaker_closes_again_after_the_probes_succeed() -> None:
+    clock = FakeClock()
+    events: list[Event] = []
+    c = chain(clock, events=events)
+    await trip(c, clock)
+    clock.advance(30.0)
+    provider = Provider(clock)
+    outs = await drive_all(clock, [c.call(provider) for _ in range(2)])
+    assert all(o.ok for o in outs)
+    assert c.breaker.state is State.CLOSED
+    assert [(e.old, e.new) for e in events if isinstance(e, StateChanged)] == [
+        ("closed", "open"), ("open", "half_open"), ("half_open", "closed")]
+
+
+async def test_a_cancelled_probe_gives_its_permit_back() -> None:
+    clock = FakeClock()
+    c = chain(clock)
+    await trip(c, clock)
+    clock.advance(30.0)
+    hanging = Provider(clock, latency=1000.0)
+    tasks = [asyncio.ensure_future(c.call(hanging)) for _ in range(2)]
+    await asyncio.sleep(0)
+    out = await drive(clock, c.call(Provider(clock)))
+    assert out.layer is Layer.BREAKER  # both permits taken
+    tasks[0].cancel()
+    await asyncio.gather(tasks[0], return_exceptions=True)
+    provider = Provider(clock)
+    out = await drive(clock, c.call(provider))
+    assert out.ok and provider.calls == 1
+    tasks[1].cancel()
+    await asyncio.gather(tasks[1], return_exceptions=True)
+
+
+async def test_events_carry_the_provider_and_the_attempts_tran_ids() -> None:
+    clock = FakeClock()
+    events: list[Event] = []
+    c = chain(clock, events=events)
+    provider = Provider(clock, [FAULT, OK])
+    out = await drive(clock, c.call(provider))
+    retry = next(e for e in events if isinstance(e, RetryScheduled))
+    done = next(e for e in events if isinstance(e, CallFinished))
+    assert (retry.org_code, retry.tran_id, retry.attempt) == (
+        "BANK000001", "OPERATOR01T00000000000000", 1)
+    assert (done.tran_id, done.attempts, done.outcome) == ("OPERATOR01T00000000000001", 2, out)
+
+
+async def test_a_failing_listener_never_breaks_a_call(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(event: Event) -> None:
+        raise RuntimeError("metrics backend down")
+
+    clock = FakeClock()
+    events: list[Event] = []
+    c = chain(clock, listeners=[broken], events=events)
+    out = await drive(clock, c.call(Provider(clock)))
+    assert out.ok
+    assert any(isinstance(e, CallFinished) for e in events)  # later listeners still called
+    assert "metrics backend down" in caplog.text
+
+
+async def test_rejections_by_layer_are_reported() -> None:
+    clock = FakeClock()
+    events: list[Event] = []
+    c = chain(clock, events=events)
+    await trip(c, clock)
+    events.clear()
+    out = await drive(clock, c.call(Provider(clock)))
+    assert [e.layer for e in events if isinstance(e, Rejected)] == [Layer.BREAKER]
+    assert [e.outcome for e in events if isinstance(e, CallFinished)] == [out]
+
+
+async def test_a_deadline_already_past_is_rejected_without_an_attempt() -> None:
+    clock = FakeClock()
+    clock.advance(5.0)
+    provider = Provider(clock)
+    c = chain(clock)
+    out = await drive(clock, c.call(provider, deadline=5.0))
+    assert out.kind is Kind.REJECTED and out.layer is Layer.DEADLINE and provider.calls == 0
+    assert c.breaker.rates()[2] == 0
+
+
+async def test_each_attempt_gets_the_smaller_of_its_timeout_and_the_time_left() -> None:
+    clock = FakeClock()
+    provider = Provider(clock)
+    c = chain(clock)
+    await drive(clock, c.call(provider, deadline=7.5))
+    await drive(clock, c.call(provider, deadline=1000.0))
+    assert provider.timeouts == [7.5, 23.0]  # connect 3 + read 20 by default
+
+
+async def test_the_snapshot_is_json_and_shows_every_layer() -> None:
+    clock = FakeClock()
+    c = chain(clock)
+    await trip(c, clock)
+    snap = json.loads(json.dumps(c.snapshot()))
+    assert snap["breaker"]["state"] == "open"
+    assert snap["breaker"]["failure_rate"] == 1.0
+    assert snap["breaker"]["open_for_s"] == 30.0
+    assert snap["bulkhead"] == {"in_use": 0, "waiting": 0, "max_concurrent": 20}
+    assert snap["retry_budget"]["calls_in_window"] == 4
+    assert snap["retry_budget"]["retries_in_window"] == 4
+    assert snap["limiter"]["rate"] == 1e6
+
+
+async def test_slow_attempts_open_the_breaker_but_waiting_for_a_slot_is_not_slowness() -> None:
+    breaker = BreakerSettings(window_size=4, minimum_calls=4, slow_call_duration=5.0,
+                              slow_call_rate_threshold=0.5)
+    clock = FakeClock()
+    s = ChainSettings(breaker=breaker, limiter=LimiterSettings(calls_per_second=0.1, burst=1,
+                                                               max_wait=100.0))
+    c = ProviderChain("BANK000001", s, clock=clock)
+    fast = Provider(clock, latency=0.1)
+    outs = await drive_all(clock, [c.call(fast) for _ in range(4)])  # waits of 0, 10, 20, 30 s
+    assert all(o.ok for o in outs) and c.breaker.state is State.CLOSED
+    slow = Provider(clock, latency=6.0)
+    for _ in range(2):
+        await drive(clock, c.call(slow))
+    assert c.breaker.state is State.OPEN  # 2 slow of the last 4
+
+
+async def test_an_attempt_that_declines_itself_is_not_counted_as_an_attempt() -> None:
+    from batch.resilience.outcomes import rejected
+
+    clock = FakeClock()
+    c = chain(clock)
+    shutdown = rejected(Layer.SHUTDOWN, "stopping")
+    out = await drive(clock, c.call(Provider(clock, [shutdown])))
+    assert (out.kind, out.layer, out.attempts) == (Kind.REJECTED, Layer.SHUTDOWN, 0)
+    out = await drive(clock, c.call(Provider(clock, [FAULT, shutdown])))
+    assert (out.kind, out.rsp_code, out.attempts) == (Kind.FAULT, "50001", 1)
+    assert c.breaker.rates() == (1.0, 0.0, 1)  # only the real fault was recorded
