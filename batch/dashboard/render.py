@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterable, Sequence
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 
 from batch.dashboard.data import DayLoad, RunRow, Snapshot
 from batch.dashboard.figures import (
@@ -21,7 +21,7 @@ from batch.dashboard.figures import (
     flatness,
     progress,
 )
-from planning.calendar import KST
+from planning.calendar import KST, week_start
 
 USER = "#4e79a7"
 BATCH_PLANNED = "#f5c99b"
@@ -43,6 +43,7 @@ header {{ position: sticky; top: 0; z-index: 1; display: flex; flex-wrap: wrap; 
 header h1 {{ font-size: 16px; margin: 0; font-weight: 600; }}
 header .week {{ font-size: 15px; }}
 header .meta {{ color: #cbd5e1; font-size: 12px; }}
+header nav a {{ color: #bfdbfe; font-size: 12px; }}
 main {{ padding: 12px 20px 40px; max-width: 1280px; margin: 0 auto; }}
 section {{ background: #fff; border: 1px solid var(--line); border-radius: 8px;
   padding: 12px 16px; margin: 14px 0; }}
@@ -127,7 +128,7 @@ def _nice_ceiling(value: float) -> float:
 def bar_chart(loads: Sequence[DayLoad], *, today: date, title: str,
               width: int = 620, height: int = 220) -> str:
     """Stacked bars per day: user calls, then planned batch, with batch done inside it."""
-    left, right, top, bottom = 52, 8, 18, 34
+    left, right, top, bottom = 52, 70, 18, 34
     plot_w, plot_h = width - left - right, height - top - bottom
     top_value = max([x.total for x in loads] + [x.user_calls + x.batch_done for x in loads]
                     + [0])
@@ -180,6 +181,8 @@ def bar_chart(loads: Sequence[DayLoad], *, today: date, title: str,
         parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(mean):.1f}" '
                      f'y2="{y(mean):.1f}" stroke="#111827" stroke-dasharray="4 3" '
                      f'stroke-width="1"><title>mean {esc(num(round(mean)))}</title></line>')
+        parts.append(f'<text class="axis" x="{width - right + 4}" y="{y(mean) + 3:.1f}">'
+                     f"mean {esc(num(round(mean)))}</text>")
     parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(0):.1f}" y2="{y(0):.1f}" '
                  'stroke="#9ca3af"/>')
     parts.append("</svg>")
@@ -196,7 +199,8 @@ def legend() -> str:
     return (f'<div class="muted"><span class="swatch" style="background:{USER}"></span>user '
             f'calls<span class="swatch" style="background:{BATCH_PLANNED}"></span>batch '
             f'planned<span class="swatch" style="background:{BATCH_DONE}"></span>batch done '
-            '<span style="margin-left:12px">- - - mean of user+batch</span></div>')
+            '<span style="margin-left:12px">- - - mean of user+batch</span> · user calls are '
+            "actual where known, else the forecast; user+batch uses the planned batch</div>")
 
 
 def load_table(loads: Sequence[DayLoad], *, today: date, table_id: str) -> str:
@@ -366,7 +370,18 @@ def capacity_html(snap: Snapshot) -> str:
             f"<tbody>{body}</tbody></table>")
 
 
-def header(snap: Snapshot, rows: Sequence[Progress], *, refresh_seconds: int | None) -> str:
+def week_links(snap: Snapshot) -> str:
+    """Relative links to the weeks around this one (same server, same page)."""
+    links = [("← previous", snap.week_start - timedelta(days=7)),
+             ("this week", week_start(snap.today)),
+             ("next →", snap.week_start + timedelta(days=7))]
+    return "<nav>" + " · ".join(
+        f'<a href="?week={esc(day.isoformat())}">{esc(label)}</a>' for label, day in links
+    ) + "</nav>"
+
+
+def header(snap: Snapshot, rows: Sequence[Progress], *, refresh_seconds: int | None,
+           live: bool = False) -> str:
     end = snap.days[-1]
     week = f"Week {snap.week_start:%Y-%m-%d} (Sun) – {end:%Y-%m-%d} (Sat), KST"
     latest = snap.runs[0] if snap.runs else None
@@ -383,7 +398,8 @@ def header(snap: Snapshot, rows: Sequence[Progress], *, refresh_seconds: int | N
     if unplaceable:
         alerts.append(f'<span class="pill bad">{esc(num(unplaceable))} unplaceable</span>')
     refresh = f" · refreshes every {refresh_seconds} s" if refresh_seconds else ""
-    return (f"<header><h1>mydata-batch</h1><span class=week>{esc(week)}</span>"
+    nav = week_links(snap) if live else ""
+    return (f"<header><h1>mydata-batch</h1><span class=week>{esc(week)}</span>{nav}"
             f"<span>{run}</span>{''.join(alerts)}"
             f"<span class=meta>generated {esc(kst(snap.generated_at))} KST{refresh}</span>"
             "</header>")
@@ -404,8 +420,10 @@ def empty_notice(snap: Snapshot) -> str:
     return ""
 
 
-def render_page(snap: Snapshot, *, refresh_seconds: int | None = None) -> str:
-    """The whole page; ``refresh_seconds`` adds a meta refresh (for the live server)."""
+def render_page(snap: Snapshot, *, refresh_seconds: int | None = None,
+                live: bool = False) -> str:
+    """The whole page; ``refresh_seconds`` adds a meta refresh, ``live`` week links (both
+    for the live server; a written file has neither, so it never points anywhere)."""
     rows = progress(snap)
     focus = ("today" if snap.focus_day == snap.today else "last day of that week"
              if snap.focus_day < snap.today else "first day of that week")
@@ -421,7 +439,7 @@ def render_page(snap: Snapshot, *, refresh_seconds: int | None = None) -> str:
         refresh,
         f"<title>mydata-batch · week {esc(snap.week_start)}</title>",
         f"<style>{CSS}</style></head><body>",
-        header(snap, rows, refresh_seconds=refresh_seconds),
+        header(snap, rows, refresh_seconds=refresh_seconds, live=live),
         "<main>",
         empty_notice(snap),
     ]

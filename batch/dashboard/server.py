@@ -6,6 +6,7 @@ script). It binds to 127.0.0.1 unless told otherwise: the page shows operational
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from batch.dashboard.data import Snapshot, load_snapshot
 from batch.dashboard.figures import summary
 from batch.dashboard.render import render_page
 from batch.errors import ConfigError
-from planning.calendar import KST
+from planning.calendar import KST, week_start
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8050
@@ -51,6 +52,8 @@ class ServerSettings:
     refresh_seconds: int = DEFAULT_REFRESH
     #: a fixed week to show; None follows the current KST week
     week: date | None = None
+    #: a snapshot is reused this long, so many open browsers cost one set of queries
+    cache_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -59,25 +62,38 @@ class ServerSettings:
             raise ValueError(f"refresh_seconds {self.refresh_seconds} must be at least 1")
         if not self.host:
             raise ValueError("host must not be empty")
+        if self.cache_seconds < 0:
+            raise ValueError(f"cache_seconds {self.cache_seconds} must not be negative")
 
 
 def make_app(engine: AsyncEngine, clock: Clock, settings: ServerSettings) -> web.Application:
     """The app; ``?week=YYYY-MM-DD`` on either route shows another week."""
+
+    cache: dict[date, tuple[float, Snapshot]] = {}
+    lock = asyncio.Lock()
 
     async def snapshot(request: web.Request) -> Snapshot:
         now = clock.now()
         raw = request.query.get("week")
         if raw:
             try:
-                week = date.fromisoformat(raw)
+                week = week_start(date.fromisoformat(raw))
             except ValueError:
                 raise web.HTTPBadRequest(text="week must be a date, YYYY-MM-DD") from None
         else:
-            week = settings.week or now.astimezone(KST).date()
-        return await load_snapshot(engine, week=week, now=now)
+            week = week_start(settings.week or now.astimezone(KST).date())
+        async with lock:  # one reader at a time: concurrent requests share its result
+            hit = cache.get(week)
+            if hit is not None and clock.monotonic() - hit[0] < settings.cache_seconds:
+                return hit[1]
+            snap = await load_snapshot(engine, week=week, now=now)
+            cache.clear()
+            cache[week] = (clock.monotonic(), snap)
+            return snap
 
     async def page(request: web.Request) -> web.Response:
-        body = render_page(await snapshot(request), refresh_seconds=settings.refresh_seconds)
+        body = render_page(await snapshot(request), refresh_seconds=settings.refresh_seconds,
+                           live=True)
         return web.Response(text=body, content_type="text/html", charset="utf-8",
                             headers=SECURITY_HEADERS)
 

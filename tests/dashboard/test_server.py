@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,12 +12,14 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
+from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.cli import main
 from batch.clock import FakeClock
 from batch.dashboard import server
 from batch.dashboard.server import ServerSettings, bound_addresses, is_loopback
+from batch.db import schema
 from tests.dashboard.conftest import ACCESS, BANK, NOW, REFRESH, Tables, Week
 
 pytestmark = pytest.mark.integration
@@ -108,3 +111,36 @@ def test_cli_serve_runs_until_interrupted(sqlite_url: str) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_live_page_links_only_to_other_weeks_of_itself(week: Week) -> None:
+    running = await server.start(week.engine, FakeClock(NOW), ServerSettings(port=0))
+    try:
+        async with httpx.AsyncClient(base_url=running.url, timeout=10) as client:
+            page = (await client.get("/")).text
+    finally:
+        await running.stop()
+    assert re.findall(r'href="([^"]*)"', page) == [
+        "?week=2026-11-22", "?week=2026-11-29", "?week=2026-12-06"]
+
+
+async def test_snapshots_are_reused_for_cache_seconds_then_reread(week: Week) -> None:
+    clock = FakeClock(NOW)
+    running = await server.start(week.engine, clock, ServerSettings(port=0, cache_seconds=5))
+
+    async def done_today(client: httpx.AsyncClient) -> int:
+        doc = (await client.get("/api/summary.json")).json()
+        return int(doc["total"]["days"][2]["batch_done"])
+
+    try:
+        async with httpx.AsyncClient(base_url=running.url, timeout=10) as client:
+            assert await done_today(client) == 3
+            async with week.engine.begin() as conn:
+                await conn.execute(insert(schema.call_outcomes).values(
+                    run_id="run-2", consent_id=1, org_code=BANK, day=NOW.date(),
+                    kind="success", action="done", at=NOW))
+            assert await done_today(client) == 3  # cached
+            clock.advance(5)
+            assert await done_today(client) == 4
+    finally:
+        await running.stop()
