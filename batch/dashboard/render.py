@@ -128,7 +128,7 @@ def _nice_ceiling(value: float) -> float:
 def bar_chart(loads: Sequence[DayLoad], *, today: date, title: str,
               width: int = 620, height: int = 220) -> str:
     """Stacked bars per day: user calls, then planned batch, with batch done inside it."""
-    left, right, top, bottom = 52, 70, 18, 34
+    left, right, top, bottom = 52, 76, 18, 34
     plot_w, plot_h = width - left - right, height - top - bottom
     top_value = max([x.total for x in loads] + [x.user_calls + x.batch_done for x in loads]
                     + [0])
@@ -182,7 +182,7 @@ def bar_chart(loads: Sequence[DayLoad], *, today: date, title: str,
                      f'y2="{y(mean):.1f}" stroke="#111827" stroke-dasharray="4 3" '
                      f'stroke-width="1"><title>mean {esc(num(round(mean)))}</title></line>')
         parts.append(f'<text class="axis" x="{width - right + 4}" y="{y(mean) + 3:.1f}">'
-                     f"mean {esc(num(round(mean)))}</text>")
+                     f"mean {esc(short(mean))}</text>")
     parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(0):.1f}" y2="{y(0):.1f}" '
                  'stroke="#9ca3af"/>')
     parts.append("</svg>")
@@ -241,7 +241,8 @@ def flatness_table(rows: Iterable[Flatness]) -> str:
     body = []
     for f in rows:
         better = f.improvement
-        note = "—" if better is None else f"{better * 100:+.1f} %".replace("+-", "-")
+        note = ("—" if better is None else "same" if abs(better) < 0.0005
+                else f"{abs(better) * 100:.1f} % {'lower' if better > 0 else 'higher'}")
         label = "All providers" if f.org_code == ALL else f.org_code
         peak = "—" if f.peak_day is None else day_label(f.peak_day)
         cls = ' class="total"' if f.org_code == ALL else ""
@@ -250,7 +251,7 @@ def flatness_table(rows: Iterable[Flatness]) -> str:
                     f"<td class=n>{esc(note)}</td></tr>")
     return ('<table id="flatness"><thead><tr><th>Provider</th><th class=n>Peak/mean, plan</th>'
             "<th class=n>Peak/mean, uniform 1/7</th><th>Peak day</th>"
-            "<th class=n>Peak lower than uniform by</th></tr></thead>"
+            "<th class=n>Plan's peak vs uniform</th></tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table>")
 
 
@@ -363,8 +364,9 @@ def capacity_html(snap: Snapshot) -> str:
         f"<td class=n><span class=bad-text>{esc(num(x.unplaceable))}</span></td>"
         f"<td class=n>{esc(num(x.capacity))}</td><td class=n>{esc(num(x.batch_quota))}</td>"
         "</tr>" for x in bad)
-    return ('<p class="bad-text">These refreshes do not fit the windows and rate limits: '
-            "they will not run this week unless windows or limits change.</p>"
+    return ('<p class="bad-text">Planned refreshes that do not fit the provider\'s windows '
+            "and rate limit on that day: widen the windows, raise the limit or expect them to "
+            "slip.</p>"
             "<table><thead><tr><th>Provider</th><th>Day</th><th class=n>Unplaceable</th>"
             "<th class=n>Capacity</th><th class=n>Planned</th></tr></thead>"
             f"<tbody>{body}</tbody></table>")
@@ -393,7 +395,8 @@ def header(snap: Snapshot, rows: Sequence[Progress], *, refresh_seconds: int | N
         alerts.append(f'<span class="pill bad">⚠ {behind} behind plan</span>')
     open_letters = sum(g.count for g in snap.dead_letter_groups)
     if open_letters:
-        alerts.append(f'<span class="pill bad">{esc(num(open_letters))} dead letters open</span>')
+        noun = "dead letter" if open_letters == 1 else "dead letters"
+        alerts.append(f'<span class="pill bad">{esc(num(open_letters))} {noun} open</span>')
     unplaceable = sum(x.unplaceable for x in snap.loads)
     if unplaceable:
         alerts.append(f'<span class="pill bad">{esc(num(unplaceable))} unplaceable</span>')

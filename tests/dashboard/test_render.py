@@ -44,6 +44,7 @@ async def test_flatness_table_shows_plan_and_uniform_ratios(week: Week) -> None:
     assert card[0] == f"{8_700 / (32_700 / 7):.2f}×"
     assert card[1] == f"{(7_200 + 3_300 / 7) / (32_700 / 7):.2f}×"
     assert card[2] == "Sat 12-05"
+    assert card[3] == "13.4 % higher"  # this fixture's plan is worse than a 1/7 split
 
 
 async def test_today_shows_behind_plan_and_the_header_says_so(week: Week) -> None:
@@ -53,7 +54,7 @@ async def test_today_shows_behind_plan_and_the_header_says_so(week: Week) -> Non
     assert "behind plan" in tables.row("progress-table", BANK)[-1]
     assert "in progress" in tables.row("progress-table", CARD)[-1]
     assert "1 behind plan" in page
-    assert "1 dead letters open" in page and "777 unplaceable" in page
+    assert "1 dead letter open" in page and "777 unplaceable" in page
     assert "run-2" in page.split("</header>")[0]  # latest run in the header
 
 
