@@ -7,7 +7,7 @@ tokens cannot reach the page or the JSON.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any
 
@@ -124,8 +124,11 @@ class Snapshot:
     #: planned refreshes due by ``generated_at`` on the focus day, per provider, from
     #: plan_minutes; absent when that day has no minute plan.
     expected_by_now: tuple[tuple[str, int], ...] = ()
+    _index: dict[tuple[str, date], DayLoad] = field(
+        init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_index", {(x.org_code, x.day): x for x in self.loads})
         if self.week_start.weekday() != 6:
             raise ValueError(f"week_start {self.week_start} is not a Sunday")
         if not self.week_start <= self.focus_day < self.week_start + timedelta(days=7):
@@ -140,10 +143,9 @@ class Snapshot:
         return any(load.batch_quota is not None for load in self.loads)
 
     def load(self, org_code: str, day: date) -> DayLoad:
-        for item in self.loads:
-            if item.org_code == org_code and item.day == day:
-                return item
-        return DayLoad(org_code, day, None, None, None, 0)
+        """The provider's day; an empty one when nothing is known about it."""
+        found = self._index.get((org_code, day))
+        return found if found is not None else DayLoad(org_code, day, None, None, None, 0)
 
 
 def focus_day_for(week: date, today: date) -> date:

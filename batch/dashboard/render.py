@@ -71,9 +71,11 @@ tr.total td {{ font-weight: 600; border-top: 2px solid #d1d5db; }}
 .bar {{ display: inline-block; width: 120px; height: 8px; background: #f3f4f6;
   border-radius: 4px; vertical-align: middle; overflow: hidden; }}
 .bar span {{ display: block; height: 100%; background: var(--done); }}
-.grid {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr));
+.grid {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(620px, 1fr));
   gap: 4px 24px; }}
 details > summary {{ cursor: pointer; font-weight: 600; margin: 8px 0 2px; }}
+svg {{ max-width: 100%; height: auto; display: block; }}
+.scroll {{ overflow-x: auto; }}
 svg text {{ font: 11px system-ui, sans-serif; fill: #374151; }}
 svg .val {{ font-size: 10px; fill: #111827; }}
 svg .axis {{ fill: var(--muted); font-size: 10px; }}
@@ -226,9 +228,9 @@ def load_table(loads: Sequence[DayLoad], *, today: date, table_id: str) -> str:
             f"<td{cls(x.day)}>{_cell(name, v)}</td>" for x, v in zip(loads, values, strict=True))
         body.append(f'<tr{" class=total" if total else ""}><td>{esc(name)}</td>{cells}'
                     f'<td class="n">{_cell(name, week)}</td></tr>')
-    return (f'<table id="{esc(table_id)}"><thead><tr><th></th>{head}'
+    return (f'<div class="scroll"><table id="{esc(table_id)}"><thead><tr><th></th>{head}'
             '<th class="n">Week</th></tr></thead>'
-            f"<tbody>{''.join(body)}</tbody></table>")
+            f"<tbody>{''.join(body)}</tbody></table></div>")
 
 
 def _cell(name: str, value: int | None) -> str:
