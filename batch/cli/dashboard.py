@@ -16,6 +16,7 @@ from batch.clock import SystemClock
 from batch.dashboard import server
 from batch.dashboard.data import load_snapshot
 from batch.dashboard.render import render_page
+from batch.errors import InputError
 
 
 @main.command("dashboard")
@@ -63,7 +64,8 @@ def dashboard(settings: Settings, week: datetime | None, out: Path, serve: bool,
             tmp.replace(out)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
-            raise click.ClickException(f"cannot write {out}: {exc.strerror or exc}") from None
+            raise InputError(f"cannot write the page: {exc.strerror or exc}",
+                             file=str(out)) from None
         click.echo(str(out))
         return
 

@@ -411,18 +411,19 @@ def header(snap: Snapshot, rows: Sequence[Progress], *, refresh_seconds: int | N
 
 
 def empty_notice(snap: Snapshot) -> str:
+    """What to do next when there is nothing to show yet."""
+    if snap.has_plan:
+        return ""
+    first = ""
     if not snap.providers:
-        return ('<div class="notice"><strong>No institutions loaded.</strong> Start with '
-                "<code>mydata-batch db init</code>, then <code>mydata-batch load institutions "
-                "FILE.toml</code> and <code>mydata-batch load consents FILE.csv</code> (or "
-                "<code>mydata-batch seed</code> for a synthetic population), then "
-                "<code>mydata-batch plan --save</code>.</div>")
-    if not snap.has_plan:
-        return (f'<div class="notice"><strong>No plan saved for this week</strong> '
-                f"({esc(snap.week_start)} – {esc(snap.days[-1])}). Run "
-                "<code>mydata-batch plan --save</code> to plan it, then "
-                "<code>mydata-batch run</code> each night.</div>")
-    return ""
+        first = ("<br>No institutions are loaded yet either: start with "
+                 "<code>mydata-batch db init</code>, <code>mydata-batch load institutions "
+                 "FILE.toml</code> and <code>mydata-batch load consents FILE.csv</code> (or "
+                 "<code>mydata-batch seed</code> for a synthetic population).")
+    return (f'<div class="notice"><strong>No plan saved for this week</strong> '
+            f"({esc(snap.week_start)} – {esc(snap.days[-1])}). Run "
+            "<code>mydata-batch plan --save</code> to plan it, then "
+            f"<code>mydata-batch run</code> each night.{first}</div>")
 
 
 def render_page(snap: Snapshot, *, refresh_seconds: int | None = None,

@@ -28,7 +28,8 @@ def test_cli_on_an_empty_database_writes_the_helpful_page(sqlite_url: str,
     out = tmp_path / "dashboard.html"
     result = CliRunner().invoke(main, ["--db", sqlite_url, "dashboard", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "mydata-batch db init" in out.read_text(encoding="utf-8")
+    page = out.read_text(encoding="utf-8")
+    assert "No plan saved for this week" in page and "mydata-batch plan --save" in page
 
 
 def test_cli_rejects_a_week_that_is_not_a_date(sqlite_url: str, tmp_path: Path) -> None:
@@ -44,3 +45,12 @@ def test_cli_help_names_the_options() -> None:
     assert result.exit_code == 0
     for option in ("--week", "--out", "--serve", "--host", "--port", "127.0.0.1"):
         assert option in result.output
+
+
+def test_cli_reports_an_unwritable_out_file_in_one_line(sqlite_url: str,
+                                                        tmp_path: Path) -> None:
+    out = tmp_path / "missing-dir" / "dashboard.html"
+    result = CliRunner().invoke(main, ["--db", sqlite_url, "dashboard", "--out", str(out)])
+    assert result.exit_code == 2
+    assert result.output.strip() == (f"mydata-batch: error: {out}: cannot write the page: "
+                                     "No such file or directory")

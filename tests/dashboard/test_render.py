@@ -81,7 +81,8 @@ async def test_page_loads_nothing_from_outside(week: Week) -> None:
 
 async def test_empty_database_page_says_to_save_a_plan(engine: AsyncEngine) -> None:
     page = render_page(await load_snapshot(engine, week=WEEK, now=NOW))
-    assert "No institutions loaded" in page and "mydata-batch db init" in page
+    assert "No plan saved for this week" in page and "mydata-batch plan --save" in page
+    assert "No institutions are loaded" in page and "mydata-batch db init" in page
     assert "Run health" in page and "<svg" not in page
 
 
@@ -90,6 +91,7 @@ async def test_providers_without_a_plan_page_says_run_plan_save(week: Week) -> N
     page = render_page(later)
     assert "No plan saved for this week" in page and "mydata-batch plan --save" in page
     assert "2026-12-13" in page and "<svg" not in page
+    assert "No institutions are loaded" not in page
 
 
 def test_numbers_have_thousands_separators() -> None:

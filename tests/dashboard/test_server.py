@@ -70,7 +70,7 @@ async def test_empty_database_is_served_as_a_helpful_page(engine: AsyncEngine) -
             page = await client.get("/")
     finally:
         await running.stop()
-    assert page.status_code == 200 and "No institutions loaded" in page.text
+    assert page.status_code == 200 and "No plan saved for this week" in page.text
 
 
 def test_only_loopback_hosts_count_as_loopback() -> None:
