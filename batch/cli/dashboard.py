@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from datetime import date, datetime
 from pathlib import Path
@@ -14,9 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from batch.cli import Settings, main, with_engine
 from batch.clock import SystemClock
 from batch.dashboard import server
-from batch.dashboard.data import load_snapshot
-from batch.dashboard.render import render_page
-from batch.errors import InputError
+from batch.dashboard.page import dashboard_html, write_page
 
 
 @main.command("dashboard")
@@ -52,21 +49,9 @@ def dashboard(settings: Settings, week: datetime | None, out: Path, serve: bool,
     day: date | None = week.date() if week is not None else None
     if not serve:
         async def write(engine: AsyncEngine) -> str:
-            now = clock.now()
-            snap = await load_snapshot(engine, week=day or now.date(), now=now)
-            return render_page(snap)
+            return await dashboard_html(engine, now=clock.now(), week=day)
 
-        page = with_engine(settings, write)
-        out = out.expanduser()
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(page, encoding="utf-8")
-            tmp.replace(out)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise InputError(f"cannot write the page: {exc.strerror or exc}",
-                             file=str(out)) from None
-        click.echo(str(out))
+        click.echo(str(write_page(with_engine(settings, write), out)))
         return
 
     if not server.is_loopback(host):

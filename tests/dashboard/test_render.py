@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import re
 from datetime import timedelta
+from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.dashboard.data import load_snapshot
 from batch.dashboard.figures import summary
+from batch.dashboard.page import write_dashboard
 from batch.dashboard.render import num, render_page
 from tests.dashboard.conftest import ACCESS, BANK, CARD, EVIL, NOW, REFRESH, WEEK, Tables, Week
 
@@ -98,3 +100,10 @@ def test_numbers_have_thousands_separators() -> None:
     assert num(1_234_567) == "1,234,567"
     assert num(None) == "—"
     assert num(0) == "0"
+
+
+async def test_write_dashboard_writes_the_page_for_the_demo(week: Week, tmp_path: Path) -> None:
+    out = await write_dashboard(week.engine, tmp_path / "d.html", now=NOW)
+    assert out == tmp_path / "d.html"
+    assert Tables(out.read_text(encoding="utf-8")).row(f"load-{CARD}", "Batch planned")[-2:] \
+        == ["1,500", "3,300"]
