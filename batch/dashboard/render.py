@@ -44,6 +44,7 @@ header h1 {{ font-size: 16px; margin: 0; font-weight: 600; }}
 header .week {{ font-size: 15px; }}
 header .meta {{ color: #cbd5e1; font-size: 12px; }}
 header nav a {{ color: #bfdbfe; font-size: 12px; }}
+header code {{ background: #374151; color: #f9fafb; }}
 main {{ padding: 12px 20px 40px; max-width: 1280px; margin: 0 auto; }}
 section {{ background: #fff; border: 1px solid var(--line); border-radius: 8px;
   padding: 12px 16px; margin: 14px 0; }}
@@ -71,7 +72,7 @@ tr.total td {{ font-weight: 600; border-top: 2px solid #d1d5db; }}
 .bar {{ display: inline-block; width: 120px; height: 8px; background: #f3f4f6;
   border-radius: 4px; vertical-align: middle; overflow: hidden; }}
 .bar span {{ display: block; height: 100%; background: var(--done); }}
-.grid {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(620px, 1fr));
+.grid {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(600px, 1fr));
   gap: 4px 24px; }}
 details > summary {{ cursor: pointer; font-weight: 600; margin: 8px 0 2px; }}
 svg {{ max-width: 100%; height: auto; display: block; }}
@@ -360,7 +361,8 @@ def _clip(text: str | None) -> str:
 def capacity_html(snap: Snapshot) -> str:
     bad = [x for x in snap.loads if x.unplaceable > 0]
     if not bad:
-        return '<p class="muted">Every planned refresh fits its provider\'s windows.</p>'
+        return ('<p class="muted">Every planned refresh fits its provider\'s windows.</p>'
+                if snap.has_plan else '<p class="muted">No plan, so nothing to check.</p>')
     body = "".join(
         f"<tr><td>{esc(x.org_code)}</td><td>{esc(day_label(x.day))}</td>"
         f"<td class=n><span class=bad-text>{esc(num(x.unplaceable))}</span></td>"
