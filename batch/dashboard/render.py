@@ -283,17 +283,26 @@ def progress_table(rows: Sequence[Progress]) -> str:
             f"<th>Status</th></tr></thead><tbody>{''.join(body)}</tbody></table>")
 
 
-def run_pill(status: str) -> str:
-    s = status.lower()
+#: A run still "running" this long after it started has probably lost its worker.
+STALE_RUN = timedelta(hours=8)
+
+
+def run_pill(run: RunRow, now: datetime) -> str:
+    """The run's status, coloured; a long-silent "running" run is flagged as stale."""
+    s = run.status.lower()
+    if s == "running" and run.finished_at is None and now - run.started_at > STALE_RUN:
+        hours = int((now - run.started_at).total_seconds() // 3600)
+        return (f'<span class="pill warn" title="started {hours} h ago and never finished: '
+                f'is its worker alive?">{esc(run.status)}, stale {hours} h</span>')
     kind = ("good" if s in {"ok", "done", "succeeded", "success", "finished", "complete",
                             "completed"}
             else "info" if s == "running"
             else "bad" if s in {"failed", "error", "aborted", "crashed", "killed"}
             else "warn")
-    return f'<span class="pill {kind}">{esc(status)}</span>'
+    return f'<span class="pill {kind}">{esc(run.status)}</span>'
 
 
-def runs_table(runs: Sequence[RunRow]) -> str:
+def runs_table(runs: Sequence[RunRow], now: datetime) -> str:
     if not runs:
         return '<p class="muted">No runs recorded for this week.</p>'
     body = []
@@ -304,7 +313,7 @@ def runs_table(runs: Sequence[RunRow]) -> str:
             if t is not None else '<td class="muted" colspan=6>no summary</td>')
         body.append(f"<tr><td><code>{esc(r.run_id)}</code></td><td>{esc(r.day)}</td>"
                     f"<td>{esc(r.worker_id)}</td><td>{esc(kst(r.started_at))}</td>"
-                    f"<td>{esc(kst(r.finished_at))}</td><td>{run_pill(r.status)}</td>{nums}"
+                    f"<td>{esc(kst(r.finished_at))}</td><td>{run_pill(r, now)}</td>{nums}"
                     "</tr>")
     return ("<table><thead><tr><th>Run</th><th>Day</th><th>Worker</th><th>Started (KST)</th>"
             "<th>Finished (KST)</th><th>Status</th><th class=n>Planned</th>"
@@ -391,7 +400,7 @@ def header(snap: Snapshot, rows: Sequence[Progress], *, refresh_seconds: int | N
     end = snap.days[-1]
     week = f"Week {snap.week_start:%Y-%m-%d} (Sun) – {end:%Y-%m-%d} (Sat), KST"
     latest = snap.runs[0] if snap.runs else None
-    run = (f"latest run <code>{esc(latest.run_id)}</code> {run_pill(latest.status)}"
+    run = (f"latest run <code>{esc(latest.run_id)}</code> {run_pill(latest, snap.generated_at)}"
            if latest else '<span class="pill">no runs this week</span>')
     alerts = []
     behind = sum(1 for p in rows if p.status is Status.BEHIND)
@@ -481,7 +490,8 @@ def render_page(snap: Snapshot, *, refresh_seconds: int | None = None,
                       "</details>"]
         parts += ["</div></section>"]
     parts += [
-        '<section id="health"><h2>Run health</h2><h3>Latest runs</h3>', runs_table(snap.runs),
+        '<section id="health"><h2>Run health</h2><h3>Latest runs</h3>',
+        runs_table(snap.runs, snap.generated_at),
         f"<h3>Outcomes on {esc(day_label(snap.focus_day))}, by kind and action</h3>",
         outcomes_table(snap),
         "<h3>Dead letters open</h3>", dead_letters_html(snap),

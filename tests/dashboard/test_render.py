@@ -107,3 +107,12 @@ async def test_write_dashboard_writes_the_page_for_the_demo(week: Week, tmp_path
     assert out == tmp_path / "d.html"
     assert Tables(out.read_text(encoding="utf-8")).row(f"load-{CARD}", "Batch planned")[-2:] \
         == ["1,500", "3,300"]
+
+
+async def test_a_running_run_without_news_for_hours_is_flagged_stale(week: Week) -> None:
+    fresh = render_page(await load_snapshot(week.engine, week=WEEK, now=NOW))
+    late = render_page(await load_snapshot(week.engine, week=WEEK,
+                                           now=NOW + timedelta(hours=10)))
+    assert "stale" not in fresh
+    # run-2 started 01:00 KST on Tuesday and never finished; at 13:00 it is 12 h old
+    assert "running, stale 12 h" in late.split("</header>")[0]
