@@ -1,0 +1,142 @@
+"""The snapshot and the numbers derived from it, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from datetime import date, timedelta
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from batch.dashboard.data import (
+    DayLoad,
+    Snapshot,
+    focus_day_for,
+    load_snapshot,
+    parse_run_totals,
+)
+from batch.dashboard.figures import (
+    ALL,
+    Status,
+    day_loads,
+    flatness,
+    load_frame,
+    peak_to_mean,
+    progress,
+    summary,
+)
+from tests.dashboard.conftest import (
+    ACCESS,
+    BANK,
+    CARD,
+    NOW,
+    REFRESH,
+    TODAY,
+    WEEK,
+    Week,
+)
+
+
+async def test_snapshot_holds_each_days_plan_usage_and_done_per_provider(week: Week) -> None:
+    snap = await load_snapshot(week.engine, week=TODAY, now=NOW)
+    assert snap.week_start == WEEK and snap.today == TODAY and snap.focus_day == TODAY
+    assert snap.providers == (BANK, CARD)
+    bank = day_loads(snap, BANK)
+    assert [x.user_calls for x in bank] == [12_345, 22_222, 31_000, 41_000, 51_000, 61_000,
+                                            71_000]
+    assert [x.batch_quota for x in bank] == [9_000, 8_000, 7_000, 6_000, 5_000, 4_000, 3_000]
+    assert [x.batch_done for x in bank] == [4, 3, 1, 0, 0, 0, 0]
+    assert [x.total for x in day_loads(snap, CARD)] == [1_500, 2_500, 3_500, 4_500, 5_500,
+                                                        6_500, 8_700]
+    assert day_loads(snap, CARD)[6].unplaceable == 777
+
+
+async def test_total_sums_providers_with_actual_usage_where_known(week: Week) -> None:
+    snap = await load_snapshot(week.engine, week=WEEK, now=NOW)
+    total = day_loads(snap, ALL)
+    assert [x.total for x in total] == [22_845, 32_722, 41_500, 51_500, 61_500, 71_500, 82_700]
+    assert [x.batch_done for x in total] == [4, 3, 3, 0, 0, 0, 0]
+    assert total[0].forecast_user_calls == 11_000 + 1_200
+    assert total[0].actual_user_calls == 12_345 + 1_200  # CARD has no actual: its forecast
+    assert total[3].actual_user_calls is None
+
+
+async def test_run_health_reads_runs_outcomes_and_only_open_dead_letters(week: Week) -> None:
+    snap = await load_snapshot(week.engine, week=WEEK, now=NOW)
+    assert [r.run_id for r in snap.runs] == ["run-2", "run-1"]  # latest first
+    assert snap.runs[1].totals is not None and snap.runs[1].totals.attempted == 8_290
+    assert snap.runs[0].totals is None
+    by = {(o.org_code, o.kind, o.action): (o.count, o.calls) for o in snap.outcomes}
+    assert by == {(BANK, "success", "done"): (1, 3), (BANK, "fault", "retry_later"): (5, 10),
+                  (CARD, "success", "done"): (2, 6)}
+    assert [(g.org_code, g.count) for g in snap.dead_letter_groups] == [(BANK, 1)]
+    assert [d.attempts for d in snap.dead_letters] == [5]
+
+
+async def test_today_is_behind_plan_when_done_trails_the_minute_plan(week: Week) -> None:
+    snap = await load_snapshot(week.engine, week=WEEK, now=NOW)
+    assert dict(snap.expected_by_now) == {BANK: 3_500}
+    rows = {p.org_code: p for p in progress(snap)}
+    assert rows[BANK].status is Status.BEHIND
+    assert (rows[BANK].planned, rows[BANK].done) == (7_000, 1)
+    assert rows[CARD].status is Status.IN_PROGRESS  # no minute plan: no expectation
+
+
+async def test_a_past_week_focuses_on_its_last_day(week: Week) -> None:
+    snap = await load_snapshot(week.engine, week=WEEK, now=NOW + timedelta(days=14))
+    assert snap.focus_day == WEEK + timedelta(days=6)
+    assert snap.expected_by_now == ()
+    assert {p.status for p in progress(snap)} == {Status.BEHIND}  # Saturday: nothing done
+
+
+async def test_the_tokens_are_never_in_the_snapshot_or_json(week: Week) -> None:
+    snap = await load_snapshot(week.engine, week=WEEK, now=NOW)
+    text = repr(snap) + json.dumps(summary(snap)) + load_frame(snap).to_csv()
+    assert ACCESS not in text and REFRESH not in text
+    assert "TOKEN" not in text
+
+
+async def test_empty_database_gives_an_empty_week(engine: AsyncEngine) -> None:
+    snap = await load_snapshot(engine, week=WEEK, now=NOW)
+    assert not snap.has_plan and snap.providers == () and snap.loads == ()
+
+
+def test_peak_to_mean_is_max_over_mean() -> None:
+    assert peak_to_mean([1, 1, 1, 1]) == 1.0
+    assert peak_to_mean([0, 0, 4, 0]) == 4.0
+    assert peak_to_mean([0, 0]) is None
+    assert peak_to_mean([]) is None
+
+
+def test_flatness_compares_the_plan_with_a_uniform_split() -> None:
+    days = [date(2026, 11, 29) + timedelta(days=i) for i in range(7)]
+    # user load high at the start; the plan fills the quiet days
+    users = [70, 60, 50, 40, 30, 20, 10]
+    quotas = [0, 10, 20, 30, 40, 50, 60]
+    loads = [DayLoad(BANK, d, u, None, q, 0) for d, u, q in zip(days, users, quotas, strict=True)]
+    f = flatness(loads)
+    assert f.planned == pytest.approx(1.0)
+    # uniform: 210/7 = 30 a day on top of the users: peak 100 over mean 70
+    assert f.uniform == pytest.approx(100 / 70)
+    assert f.improvement == pytest.approx(1 - 70 / 100)
+
+
+def test_run_totals_ignore_summaries_of_another_shape() -> None:
+    assert parse_run_totals(None) is None
+    assert parse_run_totals("not json") is None
+    assert parse_run_totals('{"providers": [{"planned": "many"}]}') is None
+    assert parse_run_totals('{"providers": [{"planned": 2}, {"planned": 3, "failed": 1}]}') \
+        is not None
+    totals = parse_run_totals('{"providers": [{"planned": 2}, {"planned": 3, "failed": 1}]}')
+    assert totals is not None and (totals.planned, totals.failed) == (5, 1)
+
+
+def test_focus_day_is_today_inside_the_week_else_its_nearest_end() -> None:
+    assert focus_day_for(WEEK, TODAY) == TODAY
+    assert focus_day_for(WEEK, TODAY + timedelta(days=30)) == WEEK + timedelta(days=6)
+    assert focus_day_for(WEEK, WEEK - timedelta(days=30)) == WEEK
+
+
+def test_snapshot_rejects_a_week_start_that_is_not_sunday() -> None:
+    with pytest.raises(ValueError, match="not a Sunday"):
+        Snapshot(TODAY, TODAY, TODAY, NOW, (), (), (), (), (), ())

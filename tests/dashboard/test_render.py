@@ -1,0 +1,118 @@
+"""The page: numbers in the right day's cell, safe text, no external resources."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from batch.dashboard.data import load_snapshot
+from batch.dashboard.figures import summary
+from batch.dashboard.page import write_dashboard
+from batch.dashboard.render import num, render_page
+from tests.dashboard.conftest import ACCESS, BANK, CARD, EVIL, NOW, REFRESH, WEEK, Tables, Week
+
+
+async def page_for(week: Week) -> str:
+    return render_page(await load_snapshot(week.engine, week=WEEK, now=NOW))
+
+
+async def test_each_days_numbers_sit_in_that_days_column(week: Week) -> None:
+    tables = Tables(await page_for(week))
+    head = tables.tables[f"load-{BANK}"][0]
+    assert head[1:] == ["Sun 11-29", "Mon 11-30", "Tue 12-01", "Wed 12-02", "Thu 12-03",
+                        "Fri 12-04", "Sat 12-05", "Week"]
+    assert tables.row(f"load-{BANK}", "User calls, forecast") == [
+        "11,000", "21,000", "31,000", "41,000", "51,000", "61,000", "71,000", "287,000"]
+    assert tables.row(f"load-{BANK}", "User calls, actual") == [
+        "12,345", "22,222", "—", "—", "—", "—", "—", "34,567"]
+    assert tables.row(f"load-{BANK}", "Batch planned") == [
+        "9,000", "8,000", "7,000", "6,000", "5,000", "4,000", "3,000", "42,000"]
+    assert tables.row(f"load-{BANK}", "Batch done") == ["4", "3", "1", "0", "0", "0", "0", "8"]
+    assert tables.row(f"load-{BANK}", "User + batch") == [
+        "21,345", "30,222", "38,000", "47,000", "56,000", "65,000", "74,000", "331,567"]
+    assert tables.row(f"load-{CARD}", "Unplaceable") == ["0"] * 6 + ["777", "777"]
+    assert tables.row("load-all", "User + batch") == [
+        "22,845", "32,722", "41,500", "51,500", "61,500", "71,500", "82,700", "364,267"]
+
+
+async def test_flatness_table_shows_plan_and_uniform_ratios(week: Week) -> None:
+    tables = Tables(await page_for(week))
+    # CARD: totals 1,500..8,700 (mean 4,671.43); uniform: users + 3,300/7 a day
+    card = tables.row("flatness", CARD)
+    assert card[0] == f"{8_700 / (32_700 / 7):.2f}×"
+    assert card[1] == f"{(7_200 + 3_300 / 7) / (32_700 / 7):.2f}×"
+    assert card[2] == "Sat 12-05"
+    assert card[3] == "13.4 % higher"  # this fixture's plan is worse than a 1/7 split
+
+
+async def test_today_shows_behind_plan_and_the_header_says_so(week: Week) -> None:
+    page = await page_for(week)
+    tables = Tables(page)
+    assert tables.row("progress-table", BANK)[:3] == ["7,000", "3,500", "1"]
+    assert "behind plan" in tables.row("progress-table", BANK)[-1]
+    assert "in progress" in tables.row("progress-table", CARD)[-1]
+    assert "1 behind plan" in page
+    assert "1 dead letter open" in page and "777 unplaceable" in page
+    assert "run-2" in page.split("</header>")[0]  # latest run in the header
+
+
+async def test_text_from_the_database_is_escaped(week: Week) -> None:
+    page = await page_for(week)
+    assert EVIL not in page and "<script" not in page
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
+
+
+async def test_tokens_never_appear_in_page_or_json(week: Week) -> None:
+    snap = await load_snapshot(week.engine, week=WEEK, now=NOW)
+    for text in (render_page(snap, refresh_seconds=5), json.dumps(summary(snap))):
+        assert ACCESS not in text and REFRESH not in text and "TOKEN" not in text
+
+
+async def test_page_loads_nothing_from_outside(week: Week) -> None:
+    page = await page_for(week)
+    assert not re.search(r"""(src|href)\s*=""", page)
+    assert "@import" not in page and "url(" not in page
+    # the only URL is the SVG namespace, which is a name, not a fetch
+    assert set(re.findall(r"https?://[^\s\"']+", page)) == {"http://www.w3.org/2000/svg"}
+    assert "default-src 'none'" in page
+
+
+async def test_empty_database_page_says_to_save_a_plan(engine: AsyncEngine) -> None:
+    page = render_page(await load_snapshot(engine, week=WEEK, now=NOW))
+    assert "No plan saved for this week" in page and "mydata-batch plan --save" in page
+    assert "No institutions are loaded" in page and "mydata-batch db init" in page
+    assert "Run health" in page and "<svg" not in page
+
+
+async def test_providers_without_a_plan_page_says_run_plan_save(week: Week) -> None:
+    later = await load_snapshot(week.engine, week=WEEK + timedelta(days=14), now=NOW)
+    page = render_page(later)
+    assert "No plan saved for this week" in page and "mydata-batch plan --save" in page
+    assert "2026-12-13" in page and "<svg" not in page
+    assert "No institutions are loaded" not in page
+
+
+def test_numbers_have_thousands_separators() -> None:
+    assert num(1_234_567) == "1,234,567"
+    assert num(None) == "—"
+    assert num(0) == "0"
+
+
+async def test_write_dashboard_writes_the_page_for_the_demo(week: Week, tmp_path: Path) -> None:
+    out = await write_dashboard(week.engine, tmp_path / "d.html", now=NOW)
+    assert out == tmp_path / "d.html"
+    assert Tables(out.read_text(encoding="utf-8")).row(f"load-{CARD}", "Batch planned")[-2:] \
+        == ["1,500", "3,300"]
+
+
+async def test_a_running_run_without_news_for_hours_is_flagged_stale(week: Week) -> None:
+    fresh = render_page(await load_snapshot(week.engine, week=WEEK, now=NOW))
+    late = render_page(await load_snapshot(week.engine, week=WEEK,
+                                           now=NOW + timedelta(hours=10)))
+    assert "stale" not in fresh
+    # run-2 started 01:00 KST on Tuesday and never finished; at 13:00 it is 12 h old
+    assert "running, stale 12 h" in late.split("</header>")[0]
