@@ -12,7 +12,7 @@ from batch.clock import Clock, clock_from_spec
 from planning.windows import Window, WindowError, parse_window
 
 
-class WindowParam(click.ParamType):
+class WindowParam(click.ParamType[Window]):
     """``HHMM:HHMM``, any minute (overrides are not held to 30-minute steps)."""
 
     name = "HHMM:HHMM"
@@ -27,7 +27,7 @@ class WindowParam(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-class DateParam(click.ParamType):
+class DateParam(click.ParamType[date]):
     name = "YYYY-MM-DD"
 
     def convert(self, value: Any, param: click.Parameter | None,
