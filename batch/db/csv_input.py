@@ -1,0 +1,176 @@
+"""CSV input files: open, check the header row, stream rows with their line numbers.
+
+Every problem becomes one :class:`InputError` naming the file, the line and the field, so
+a user can fix the file from the message alone. Values of secret columns are never echoed.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator, Sequence
+from datetime import date, datetime
+from pathlib import Path
+from types import TracebackType
+
+from batch.clock import KST
+from batch.errors import InputError
+
+#: Timestamps without an offset are read as KST (the operator's zone, MYDATA.md).
+TIMESTAMP_EXAMPLE = "2026-11-29T09:00:00+09:00"
+
+
+class CsvInput:
+    """One CSV file whose header must be exactly ``required`` plus a prefix of ``optional``.
+
+    Use as a context manager; iterate :meth:`rows` for ``(line, fields)`` pairs. Blank lines
+    are skipped; a row with a wrong number of fields is an error naming the missing field.
+    """
+
+    def __init__(self, path: str | Path, required: Sequence[str],
+                 optional: Sequence[str] = ()) -> None:
+        self.path = Path(path)
+        self.name = str(path)
+        self.required = tuple(required)
+        self.optional = tuple(optional)
+        self.columns: tuple[str, ...] = ()
+        try:
+            self._file = open(self.path, encoding="utf-8-sig", newline="")  # noqa: SIM115
+        except FileNotFoundError:
+            raise InputError("no such file", file=self.name) from None
+        except IsADirectoryError:
+            raise InputError("is a directory, not a CSV file", file=self.name) from None
+        except OSError as exc:
+            raise InputError(f"cannot open: {exc.strerror or exc}", file=self.name) from None
+        self._reader = csv.reader(self._file, strict=True)
+        try:
+            self._read_header()
+        except BaseException:
+            self._file.close()
+            raise
+
+    def __enter__(self) -> CsvInput:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._file.close()
+
+    @property
+    def width(self) -> int:
+        return len(self.columns)
+
+    def error(self, line: int | None, field: str | None, message: str) -> InputError:
+        return InputError(message, file=self.name, line=line, field=field)
+
+    def _expected(self) -> str:
+        text = ",".join(self.required)
+        if self.optional:
+            text += f" (optionally followed by ,{','.join(self.optional)})"
+        return text
+
+    def _read_header(self) -> None:
+        header = self._next_row()
+        while header is not None and not header:
+            header = self._next_row()
+        if header is None:
+            raise self.error(None, None, f"is empty; the first line must be the header row "
+                                         f"{self._expected()}")
+        names = [h.strip() for h in header]
+        line = self._reader.line_num
+        allowed = self.required + self.optional
+        for i, want in enumerate(self.required):
+            got = names[i] if i < len(names) else None
+            if got != want:
+                found = "is missing" if got is None else f"is {got!r}"
+                raise self.error(line, want, f"header column {i + 1} {found}; the header row "
+                                             f"must be {self._expected()}")
+        for i in range(len(self.required), len(names)):
+            if i >= len(allowed) or names[i] != allowed[i]:
+                raise self.error(line, names[i] or f"column {i + 1}",
+                                 f"unexpected header column {i + 1}; the header row must be "
+                                 f"{self._expected()}")
+        self.columns = tuple(names)
+
+    def _next_row(self) -> list[str] | None:
+        try:
+            return next(self._reader)
+        except StopIteration:
+            return None
+        except UnicodeDecodeError as exc:
+            raise self._not_utf8(exc) from None
+        except csv.Error as exc:
+            raise self.error(self._reader.line_num, None, f"not valid CSV: {exc}") from None
+
+    def _not_utf8(self, exc: UnicodeDecodeError) -> InputError:
+        # The decoder runs ahead of the CSV reader; find the exact line from the bytes.
+        try:
+            data = self.path.read_bytes()
+            data.decode("utf-8-sig")
+        except UnicodeDecodeError as bad:
+            offset = bad.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)
+            line = data.count(b"\n", 0, offset) + 1
+            return self.error(line, None, f"is not UTF-8 text (byte 0x{data[offset]:02x}); "
+                                          f"save the file as UTF-8")
+        except OSError:
+            pass
+        return self.error(None, None, f"is not UTF-8 text ({exc.reason}); save it as UTF-8")
+
+    def rows(self) -> Iterator[tuple[int, list[str]]]:
+        """``(line, fields)`` for every non-blank row after the header, width checked."""
+        width = self.width
+        reader = self._reader
+        while True:
+            try:
+                for row in reader:
+                    if len(row) != width:
+                        if not row:
+                            continue
+                        raise self._width_error(reader.line_num, row)
+                    yield reader.line_num, row
+                return
+            except UnicodeDecodeError as exc:
+                raise self._not_utf8(exc) from None
+            except csv.Error as exc:
+                raise self.error(reader.line_num, None, f"not valid CSV: {exc}") from None
+
+    def _width_error(self, line: int, row: list[str]) -> InputError:
+        if len(row) < self.width:
+            return self.error(line, self.columns[len(row)],
+                              f"is missing (the row has {len(row)} fields, the header "
+                              f"{self.width})")
+        return self.error(line, f"column {self.width + 1}",
+                          f"unexpected extra field (the row has {len(row)} fields, the header "
+                          f"{self.width}); quote values that contain commas")
+
+
+def parse_timestamp(text: str) -> datetime:
+    """An ISO 8601 timestamp in KST (one without an offset is KST). Raises ValueError.
+
+    Every result carries the one ``KST`` object: aware datetimes sharing a tzinfo compare
+    several times faster, which matters at a million rows.
+    """
+    value = datetime.fromisoformat(text)
+    tz = value.tzinfo
+    if tz is None or (tz is not KST and text.endswith("+09:00")):
+        return value.replace(tzinfo=KST)
+    if tz is not KST:
+        return value.astimezone(KST)
+    return value
+
+
+def bad_timestamp(text: str) -> str:
+    return f"{text!r} is not an ISO 8601 timestamp like {TIMESTAMP_EXAMPLE}"
+
+
+def parse_day(text: str) -> date:
+    """An ISO 8601 calendar date ``YYYY-MM-DD``. Raises ValueError."""
+    if len(text) != 10:
+        raise ValueError(text)
+    return date.fromisoformat(text)
+
+
+def parse_count(text: str) -> int:
+    """A non-negative integer written in ASCII digits. Raises ValueError."""
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(text)
+    return int(text)

@@ -1,0 +1,374 @@
+"""Loaders: institutions, consents and usage history into the database, validated.
+
+Each loader validates every row before anything is written and writes in one transaction,
+so a bad file leaves the database as it was. Errors are one line: ``FILE:LINE: field 'x':
+what is wrong``. Consents go through a staging table (COPY on PostgreSQL, batched inserts on
+SQLite) and one ``INSERT ... SELECT ... ON CONFLICT``, so a million rows load in seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import fields
+from datetime import date, datetime, time, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import bindparam, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.dml import Insert
+
+from batch.clock import KST
+from batch.config import Institutions, Provider
+from batch.db.csv_input import (
+    CsvInput,
+    bad_timestamp,
+    parse_count,
+    parse_day,
+    parse_timestamp,
+)
+from batch.db.engine import transaction
+from batch.db.schema import UTCDateTime, institutions, settings, usage_daily
+from batch.errors import ConfigError
+from planning.calendar import week_start
+from planning.windows import WindowError, parse_windows
+
+CONSENT_COLUMNS = ("user_id", "org_code", "access_token", "consented_at", "last_scheduled_at")
+CONSENT_OPTIONAL = ("refresh_token",)
+USAGE_COLUMNS = ("org_code", "date", "user_calls")
+OPERATOR_KEY = "operator_org_code"
+#: Rows parsed and sent to the staging table at a time (bounds memory for huge files).
+CHUNK_ROWS = 50_000
+#: Provider fields kept in ``institutions.options`` (JSON) with ``Provider.extra``.
+_TUNING = tuple(
+    f.name for f in fields(Provider)
+    if f.name not in {"org_code", "industry", "base_url", "windows", "calls_per_second",
+                      "max_concurrency", "extra"}
+)
+
+
+def _require_aware(now: datetime) -> None:
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+
+
+def _upsert(conn: AsyncConnection, table: Any, keys: Sequence[str],
+            update: Sequence[str]) -> Insert:
+    """``INSERT ... ON CONFLICT (keys) DO UPDATE`` for the connection's dialect."""
+    ins: postgresql.Insert | sqlite.Insert = (
+        postgresql.insert(table) if conn.dialect.name == "postgresql" else sqlite.insert(table))
+    return ins.on_conflict_do_update(
+        index_elements=list(keys), set_={c: ins.excluded[c] for c in update})
+
+
+async def _org_codes(conn: AsyncConnection) -> frozenset[str]:
+    rows = await conn.execute(select(institutions.c.org_code))
+    return frozenset(r[0].strip() for r in rows)
+
+
+# --- institutions --------------------------------------------------------------------------
+
+def _options(p: Provider) -> str:
+    opts: dict[str, Any] = dict(p.extra)
+    opts.update({name: getattr(p, name) for name in _TUNING})
+    # TOML dates and times have no JSON form: they are kept as their ISO text.
+    return json.dumps(opts, sort_keys=True, default=str)
+
+
+async def load_institutions(engine: AsyncEngine, insts: Institutions, *, now: datetime) -> int:
+    """Upsert every provider and the operator's org code in one transaction.
+
+    Providers missing from ``insts`` are kept: consents and history still reference them.
+    """
+    _require_aware(now)
+    rows = [
+        {"org_code": p.org_code, "industry": p.industry, "base_url": p.base_url,
+         "windows": json.dumps(p.window_strings), "calls_per_second": p.calls_per_second,
+         "max_concurrency": p.max_concurrency, "options": _options(p), "updated_at": now}
+        for p in insts.providers
+    ]
+    async with transaction(engine) as conn:
+        await conn.execute(
+            _upsert(conn, institutions, ["org_code"],
+                    ["industry", "base_url", "windows", "calls_per_second", "max_concurrency",
+                     "options", "updated_at"]),
+            rows,
+        )
+        await conn.execute(_upsert(conn, settings, ["key"], ["value"]),
+                           [{"key": OPERATOR_KEY, "value": insts.operator_org_code}])
+    return len(rows)
+
+
+async def read_institutions(engine: AsyncEngine) -> Institutions:
+    """The Institutions object as last loaded; ConfigError if none were loaded yet."""
+    async with engine.connect() as conn:
+        op = (await conn.execute(
+            select(settings.c.value).where(settings.c.key == OPERATOR_KEY))).scalar()
+        rows = (await conn.execute(
+            select(institutions).order_by(institutions.c.org_code))).mappings().all()
+    if op is None or not rows:
+        raise ConfigError("no institutions in the database; run "
+                          "'mydata-batch load institutions FILE.toml' first")
+    providers = []
+    for r in rows:
+        code = r["org_code"].strip()
+        opts = json.loads(r["options"] or "{}")
+        tuning = {k: opts.pop(k) for k in _TUNING if k in opts}
+        try:
+            windows = parse_windows(json.loads(r["windows"]))
+            providers.append(Provider(
+                org_code=code, industry=r["industry"], base_url=r["base_url"],
+                windows=windows, calls_per_second=float(r["calls_per_second"]),
+                max_concurrency=int(r["max_concurrency"]), extra=opts, **tuning,
+            ))
+        except (ValueError, WindowError, TypeError) as exc:
+            raise ConfigError(f"stored provider {code} is invalid: {exc}; "
+                              "load the institutions file again") from None
+    return Institutions(operator_org_code=op, providers=tuple(providers))
+
+
+# --- consents ------------------------------------------------------------------------------
+
+_STAGE_COLUMNS = ("line", "user_id", "org_code", "access_token", "refresh_token",
+                  "consented_at", "last_scheduled_at", "due_week", "not_before")
+_STAGE_PG = """
+CREATE TEMP TABLE consents_stage (
+    line INTEGER, user_id TEXT, org_code TEXT, access_token TEXT, refresh_token TEXT,
+    consented_at TIMESTAMPTZ, last_scheduled_at TIMESTAMPTZ, due_week DATE,
+    not_before TIMESTAMPTZ
+) ON COMMIT DROP"""
+_STAGE_SQLITE = """
+CREATE TEMP TABLE consents_stage (
+    line INTEGER, user_id TEXT, org_code TEXT, access_token TEXT, refresh_token TEXT,
+    consented_at TEXT, last_scheduled_at TEXT, due_week TEXT, not_before TEXT
+)"""
+_FIRST_DUPLICATE = """
+SELECT user_id, org_code, MIN(line), MAX(line) FROM consents_stage
+GROUP BY user_id, org_code HAVING COUNT(*) > 1 ORDER BY MAX(line) LIMIT 1"""
+# A re-load never moves a consent's schedule backwards: the batch may have fetched it since
+# the file was written. A dead or revoked consent comes back only with a newer consent.
+# ``WHERE true`` keeps SQLite from reading ON CONFLICT as a join clause.
+_MERGE = """
+INSERT INTO consents (user_id, org_code, access_token, refresh_token, consented_at,
+                      last_scheduled_at, status, due_week, not_before, attempts,
+                      unknown_attempts, updated_at)
+SELECT user_id, org_code, access_token, refresh_token, consented_at, last_scheduled_at,
+       'active', due_week, not_before, 0, 0, :now
+FROM consents_stage WHERE true
+ON CONFLICT (user_id, org_code) DO UPDATE SET
+    access_token = excluded.access_token,
+    refresh_token = COALESCE(excluded.refresh_token, consents.refresh_token),
+    status = CASE WHEN excluded.consented_at > consents.consented_at THEN 'active'
+                  ELSE consents.status END,
+    consented_at = excluded.consented_at,
+    last_scheduled_at = CASE
+        WHEN consents.last_scheduled_at IS NULL
+          OR excluded.last_scheduled_at > consents.last_scheduled_at
+        THEN excluded.last_scheduled_at ELSE consents.last_scheduled_at END,
+    due_week = CASE WHEN excluded.due_week > consents.due_week
+                    THEN excluded.due_week ELSE consents.due_week END,
+    attempts = CASE WHEN excluded.due_week > consents.due_week
+                    THEN 0 ELSE consents.attempts END,
+    unknown_attempts = CASE WHEN excluded.due_week > consents.due_week
+                            THEN 0 ELSE consents.unknown_attempts END,
+    not_before = CASE WHEN excluded.not_before > consents.not_before
+                      THEN excluded.not_before ELSE consents.not_before END,
+    updated_at = excluded.updated_at"""
+
+StageRow = tuple[Any, ...]
+
+
+_UTC_OFFSET = timedelta(hours=9)
+
+
+def _sqlite_ts(value: datetime) -> str:
+    """The text SQLAlchemy's SQLite DateTime writes for UTCDateTime: naive UTC, microseconds.
+
+    ``value`` must carry :data:`KST` (as :func:`parse_timestamp` returns); shifting by the
+    fixed offset is several times faster than ``astimezone``.
+    """
+    return (value.replace(tzinfo=None) - _UTC_OFFSET).isoformat(" ", "microseconds")
+
+
+def _parse_consents(src: CsvInput, known: frozenset[str], now: datetime, *,
+                    as_text: bool) -> Iterator[list[StageRow]]:
+    """Validate rows and yield them in chunks, ready for the staging table.
+
+    Per-row work is kept to C-level calls; the due week (``next_due_week``) is computed
+    through a per-date cache of ``week_start`` on KST dates.
+    """
+    now = now.astimezone(KST)
+    has_refresh = src.width > len(CONSENT_COLUMNS)
+    week_of: dict[date, date] = {}
+    week_start_at: dict[date, datetime] = {}
+    week = timedelta(days=7)
+    chunk: list[StageRow] = []
+    for line, row in src.rows():
+        user_id, org, token, c_raw, l_raw = row[0], row[1], row[2], row[3], row[4]
+        if not user_id.strip():
+            raise src.error(line, "user_id", "is empty")
+        if org not in known:
+            why = "is empty" if not org else (
+                f"{org!r} is not a known provider (load it with 'load institutions' first)")
+            raise src.error(line, "org_code", why)
+        if not token.strip():
+            raise src.error(line, "access_token", "is empty")
+        try:
+            consented = parse_timestamp(c_raw)
+        except ValueError:
+            raise src.error(line, "consented_at",
+                            "is empty" if not c_raw else bad_timestamp(c_raw)) from None
+        if consented > now:
+            raise src.error(line, "consented_at", f"{c_raw!r} is in the future")
+        last: datetime | None = None
+        if l_raw:
+            try:
+                last = parse_timestamp(l_raw)
+            except ValueError:
+                raise src.error(line, "last_scheduled_at", bad_timestamp(l_raw)) from None
+            if last < consented:
+                raise src.error(line, "last_scheduled_at",
+                                f"{l_raw!r} is before consented_at {c_raw!r}")
+            if last > now:
+                raise src.error(line, "last_scheduled_at", f"{l_raw!r} is in the future")
+        # next_due_week(last, consented), inlined: both carry KST, so .date() is the KST date.
+        day = (consented if last is None else last).date()
+        due = week_of.get(day)
+        if due is None:
+            due = week_of[day] = week_start(day)
+        if last is not None:
+            due = due + week
+        start = week_start_at.get(due)
+        if start is None:
+            start = week_start_at[due] = datetime.combine(due, time(0), KST)
+        not_before = consented if consented > start else start
+        refresh = (row[5] or None) if has_refresh else None
+        if as_text:
+            chunk.append((line, user_id, org, token, refresh, _sqlite_ts(consented),
+                          None if last is None else _sqlite_ts(last), due.isoformat(),
+                          _sqlite_ts(not_before)))
+        else:
+            chunk.append((line, user_id, org, token, refresh, consented, last, due,
+                          not_before))
+        if len(chunk) >= CHUNK_ROWS:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+async def _in_background(chunks: Iterator[list[StageRow]]) -> AsyncIterator[list[StageRow]]:
+    """Yield ``chunks``, parsing the next one in a thread while the caller writes this one.
+
+    The database works on one chunk while Python validates the next, so the two overlap.
+    """
+    loop = asyncio.get_running_loop()
+    pending = loop.run_in_executor(None, next, chunks, None)
+    try:
+        while (chunk := await pending) is not None:
+            pending = loop.run_in_executor(None, next, chunks, None)
+            yield chunk
+    finally:
+        # Stopped early (an error): let the in-flight parse finish before the file closes.
+        if not pending.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(pending)
+
+
+async def _stage(conn: AsyncConnection, chunks: AsyncIterator[list[StageRow]]) -> int:
+    """Create the staging table and fill it; returns the number of rows."""
+    count = 0
+    if conn.dialect.name == "postgresql":
+        await conn.exec_driver_sql(_STAGE_PG)
+        raw = await conn.get_raw_connection()
+        driver = raw.driver_connection
+        assert driver is not None
+        async for chunk in chunks:
+            await driver.copy_records_to_table(
+                "consents_stage", records=chunk, columns=list(_STAGE_COLUMNS))
+            count += len(chunk)
+        return count
+    await conn.exec_driver_sql("DROP TABLE IF EXISTS temp.consents_stage")
+    await conn.exec_driver_sql(_STAGE_SQLITE)
+    insert = f"INSERT INTO consents_stage VALUES ({','.join('?' * len(_STAGE_COLUMNS))})"
+    async for chunk in chunks:
+        await conn.exec_driver_sql(insert, chunk)
+        count += len(chunk)
+    return count
+
+
+async def load_consents(engine: AsyncEngine, path: str | Path, *, now: datetime) -> int:
+    """Validate a consents CSV and upsert it on (user_id, org_code); returns the row count.
+
+    Re-loading updates tokens and consent times; the weekly schedule only moves forward.
+    """
+    _require_aware(now)
+    with CsvInput(path, CONSENT_COLUMNS, CONSENT_OPTIONAL) as src:
+        async with transaction(engine) as conn:
+            known = await _org_codes(conn)
+            sqlite_db = conn.dialect.name == "sqlite"
+            parsed = _parse_consents(src, known, now, as_text=sqlite_db)
+            count = await _stage(conn, _in_background(parsed))
+            dup = (await conn.exec_driver_sql(_FIRST_DUPLICATE)).first()
+            if dup is not None:
+                user, org, first, again = tuple(dup)
+                raise src.error(again, "user_id",
+                                f"duplicate consent of user {user!r} at {org.strip()} "
+                                f"(first on line {first})")
+            merge = text(_MERGE).bindparams(bindparam("now", type_=UTCDateTime))
+            await conn.execute(merge, {"now": now})
+            if sqlite_db:
+                await conn.exec_driver_sql("DROP TABLE temp.consents_stage")
+            else:
+                await conn.exec_driver_sql("ANALYZE consents")
+    return count
+
+
+# --- usage history -------------------------------------------------------------------------
+
+async def load_usage(engine: AsyncEngine, path: str | Path) -> int:
+    """Validate a usage CSV (org_code,date,user_calls) and upsert it on (org_code, date)."""
+    with CsvInput(path, USAGE_COLUMNS) as src:
+        async with transaction(engine) as conn:
+            known = await _org_codes(conn)
+            seen: dict[tuple[str, date], int] = {}
+            rows: list[dict[str, Any]] = []
+            for line, row in src.rows():
+                org, day_raw, calls_raw = row
+                if org not in known:
+                    raise src.error(line, "org_code", "is empty" if not org else (
+                        f"{org!r} is not a known provider (load it with "
+                        f"'load institutions' first)"))
+                try:
+                    day = parse_day(day_raw)
+                except ValueError:
+                    raise src.error(line, "date", f"{day_raw!r} is not a date like "
+                                                  f"2026-11-29") from None
+                try:
+                    calls = parse_count(calls_raw)
+                except ValueError:
+                    raise src.error(line, "user_calls", f"{calls_raw!r} is not a "
+                                                        f"non-negative whole number") from None
+                first = seen.setdefault((org, day), line)
+                if first != line:
+                    raise src.error(line, "date", f"duplicate row for {org} on {day} "
+                                                  f"(first on line {first})")
+                rows.append({"org_code": org, "day": day, "user_calls": calls})
+            stmt = _upsert(conn, usage_daily, ["org_code", "day"], ["user_calls"])
+            for i in range(0, len(rows), CHUNK_ROWS):
+                await conn.execute(stmt, rows[i:i + CHUNK_ROWS])
+    return len(rows)
+
+
+__all__ = [
+    "CONSENT_COLUMNS",
+    "USAGE_COLUMNS",
+    "load_consents",
+    "load_institutions",
+    "load_usage",
+    "read_institutions",
+]
