@@ -23,15 +23,18 @@ from batch.resilience.outcomes import (
     DEAD_ASSET_CODES,
     TOKEN_CODES,
     Kind,
+    Layer,
     Outcome,
     classify,
     connection_error,
+    rejected,
     timed_out,
 )
 from batch.routes import MAX_PAGE_LIMIT, ROUTES, TOKEN_PATH, IndustryRoutes
 
 API_TYPE = "scheduled"
 MAX_PAGES = 1000
+_WINDOW_CLOSED = rejected(Layer.WINDOW, "provider window closed")
 
 
 class CallChain(Protocol):
@@ -56,9 +59,12 @@ class RefreshResult:
 
 
 class _Tokens:
-    __slots__ = ("access", "changed", "refresh", "refreshed")
+    """One refresh's credentials and the time after which no call may start."""
 
-    def __init__(self, access: str, refresh: str | None) -> None:
+    __slots__ = ("access", "changed", "not_after", "refresh", "refreshed")
+
+    def __init__(self, access: str, refresh: str | None, not_after: float | None) -> None:
+        self.not_after = not_after
         self.access = access
         self.refresh = refresh
         self.refreshed = False  # a refresh was tried (only once per consent)
@@ -154,6 +160,8 @@ class MydataClient:
 
         async def attempt(timeout: float) -> Outcome:
             nonlocal calls
+            if tokens.not_after is not None and self._clock.monotonic() >= tokens.not_after:
+                return _WINDOW_CLOSED
             calls += 1
             return await self._attempt(method, path, tokens.access, timeout, params=params,
                                        body=body)
@@ -179,6 +187,8 @@ class MydataClient:
 
         async def attempt(timeout: float) -> Outcome:
             nonlocal calls
+            if tokens.not_after is not None and self._clock.monotonic() >= tokens.not_after:
+                return _WINDOW_CLOSED
             calls += 1
             tran_id = self._tran_ids()
             t0 = self._clock.monotonic()
@@ -228,9 +238,14 @@ class MydataClient:
         refresh_token: str | None,
         pending_items: Sequence[str] | None = None,
         deadline: float | None = None,
+        not_after: float | None = None,
     ) -> RefreshResult:
-        """Fetch one consent's scheduled data: the list (unless resuming), then details."""
-        tokens = _Tokens(access_token, refresh_token)
+        """Fetch one consent's scheduled data: the list (unless resuming), then details.
+
+        No HTTP call starts at or after ``not_after`` (clock.monotonic(); the end of the
+        provider's window): such a call is refused by us and the rest stays due.
+        """
+        tokens = _Tokens(access_token, refresh_token, not_after)
         calls = 0
         r = self.routes
         if pending_items is None:

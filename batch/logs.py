@@ -1,4 +1,4 @@
-"""Structured logs: one JSON object a line, with ``run_id``, ``org_code``, ``action``; never a token."""
+"""Structured logs: one JSON object a line with run_id, org_code, action; never a token."""
 
 from __future__ import annotations
 

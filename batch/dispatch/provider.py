@@ -27,7 +27,8 @@ from batch.resilience.outcomes import Kind, Outcome
 
 log = logging.getLogger("mydata.dispatch")
 
-RefreshFn = Callable[[work.Claim], Awaitable[RefreshResult]]
+#: refresh(claim, not_after): not_after is the monotonic time no call may start after
+RefreshFn = Callable[[work.Claim, float | None], Awaitable[RefreshResult]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,8 @@ class DispatchSettings:
     claim_interval: float = 1.0
     max_claim: int = 5000
     idle_recheck: float = 5.0
+    #: no refresh starts in a window's last seconds, so its calls end inside the window
+    finish_margin: float = 10.0
 
     def __post_init__(self) -> None:
         if not self.worker_id:
@@ -48,6 +51,8 @@ class DispatchSettings:
             raise ValueError("lease must be longer than a second")
         if self.lookahead_seconds <= 0 or self.claim_interval <= 0:
             raise ValueError("lookahead_seconds and claim_interval must be positive")
+        if not 0 <= self.finish_margin <= 30:
+            raise ValueError("finish_margin must be between 0 and 30 seconds")
 
 
 class ProviderDispatcher:
@@ -68,6 +73,7 @@ class ProviderDispatcher:
         quota: int,
         minutes: Mapping[int, int],
         per_minute_cap: int,
+        window_minutes: Sequence[int] | None = None,
         attempted_before: int = 0,
         breaker_open: Callable[[], bool] = lambda: False,
         breaker_state: Callable[[], str] = lambda: "closed",
@@ -83,6 +89,8 @@ class ProviderDispatcher:
         self._week = week
         self._planned = dict(minutes)
         self._minutes = sorted(m for m in self._planned if self._planned[m] > 0)
+        self._open = set(window_minutes) if window_minutes is not None else set(self._planned)
+        self._open.update(self._minutes)
         self._cap = max(1, per_minute_cap)
         self._breaker_open = breaker_open
         self._breaker_state = breaker_state
@@ -184,9 +192,19 @@ class ProviderDispatcher:
             self.stats.minute_planned, self.stats.minute_started = n, 0
             if n == 0:
                 continue
-            self._rate = n / max(1e-9, (SLICES_PER_MINUTE - k0) * SLICE_SECONDS)
+            # The window segment this minute belongs to ends at ``end``; nothing starts in
+            # its last finish_margin seconds, and no call at all after it.
+            end = minute + 1
+            while end in self._open and end < 1440:
+                end += 1
+            not_after = t0 + (end - minute) * 60.0
+            k_end = SLICES_PER_MINUTE
+            if end == minute + 1:
+                k_end -= math.ceil(self._settings.finish_margin / SLICE_SECONDS - 1e-9)
+            usable = max(1, k_end - k0)
+            self._rate = n / (usable * SLICE_SECONDS)
             self._nudge.set()
-            counts = slice_counts(n, SLICES_PER_MINUTE - k0)
+            counts = slice_counts(n, usable)
             owed = 0
             started = 0
             for k, cnt in enumerate(counts):
@@ -204,7 +222,7 @@ class ProviderDispatcher:
                     owed = 0
                     continue
                 while owed and not self._queue.empty():
-                    self._start(self._queue.get_nowait())
+                    self._start(self._queue.get_nowait(), not_after)
                     owed -= 1
                     started += 1
                 self.stats.minute_started = started
@@ -223,19 +241,20 @@ class ProviderDispatcher:
                 pass
         return stop.is_set()
 
-    def _start(self, claim: work.Claim) -> None:
+    def _start(self, claim: work.Claim, not_after: float | None) -> None:
         self._queued_ids.discard(claim.id)
         self.stats.started += 1
         self.stats.in_flight += 1
         if self.stats.first_start is None:
             self.stats.first_start = self._clock.monotonic()
-        task = asyncio.create_task(self._one(claim), name=f"refresh-{self.org_code}-{claim.id}")
+        task = asyncio.create_task(self._one(claim, not_after),
+                                   name=f"refresh-{self.org_code}-{claim.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _one(self, claim: work.Claim) -> None:
+    async def _one(self, claim: work.Claim, not_after: float | None) -> None:
         try:
-            result = await self._refresh(claim)
+            result = await self._refresh(claim, not_after)
         except asyncio.CancelledError:
             # Cancelled past the grace period: the call may have gone out; unknown.
             result = RefreshResult(Outcome(Kind.TIMEOUT, detail="cancelled at shutdown"),

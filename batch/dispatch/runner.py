@@ -129,9 +129,11 @@ async def run_day(
         quota = plan.batch_quota if plan else 0
         cap = ProviderLimits.from_provider(p).per_minute_cap
         if options.window_override is not None:
-            series = spread(quota, day_minutes(options.window_override), cap)
+            open_minutes = day_minutes(options.window_override)
+            series = spread(quota, open_minutes, cap)
             minutes = dict(zip(series.index.tolist(), series.tolist(), strict=True))
         else:
+            open_minutes = day_minutes(p.windows)
             minutes = dict(plan.minutes) if plan else {}
         chain = ProviderChain(p.org_code, ChainSettings.from_provider(p), clock=clock)
         chains[p.org_code] = chain
@@ -142,7 +144,8 @@ async def run_day(
             p.org_code, store=store, refresh=_refresher(client), writer=writer, clock=clock,
             settings=DispatchSettings(worker_id=options.worker_id, lease=options.lease),
             policy=policy_by_org[p.org_code], day=today, week=week, quota=quota,
-            minutes=minutes, per_minute_cap=cap, attempted_before=before.get(p.org_code, 0),
+            minutes=minutes, per_minute_cap=cap, window_minutes=open_minutes,
+            attempted_before=before.get(p.org_code, 0),
             breaker_open=_open_check(chain), breaker_state=_state_of(chain),
         ))
 
@@ -211,11 +214,11 @@ async def run_day(
     return RunResult(summary, exit_code)
 
 
-def _refresher(client: MydataClient) -> Callable[[work.Claim], Any]:
-    async def refresh(claim: work.Claim) -> RefreshResult:
+def _refresher(client: MydataClient) -> Callable[[work.Claim, float | None], Any]:
+    async def refresh(claim: work.Claim, not_after: float | None) -> RefreshResult:
         return await client.refresh(access_token=claim.access_token,
                                     refresh_token=claim.refresh_token,
-                                    pending_items=claim.pending_items)
+                                    pending_items=claim.pending_items, not_after=not_after)
     return refresh
 
 

@@ -40,6 +40,7 @@ class Layer(StrEnum):
     BULKHEAD = "bulkhead"
     DEADLINE = "deadline"
     SHUTDOWN = "shutdown"
+    WINDOW = "window"  # the provider's window has closed: no new call may start
 
 
 class Action(StrEnum):

@@ -31,7 +31,7 @@ def _setup(n_consents: int, minutes: dict[int, int], *, quota: int | None = None
     store.add(ORG, n_consents, week=WEEK, not_before=clock.now() - timedelta(days=1))
     starts: list[tuple[float, int]] = []
 
-    async def ok_refresh(claim: Claim) -> RefreshResult:
+    async def ok_refresh(claim: Claim, not_after: float | None) -> RefreshResult:
         starts.append((clock.monotonic(), claim.id))
         return RefreshResult(OK, calls=2)
 
@@ -78,7 +78,7 @@ async def test_each_minute_starts_exactly_its_target_spread_over_100ms_slices() 
 async def test_a_slow_refresh_never_delays_the_next_tick() -> None:
     clock = None
 
-    async def slow(claim: Claim) -> RefreshResult:
+    async def slow(claim: Claim, not_after: float | None) -> RefreshResult:
         assert clock is not None
         await clock.sleep(25)  # far longer than a slice
         return RefreshResult(OK, calls=1)
@@ -110,7 +110,7 @@ async def test_open_breaker_starts_nothing_and_leaves_consents_due() -> None:
 
 
 async def test_our_own_rejections_are_not_attempts_and_stay_due() -> None:
-    async def refused(claim: Claim) -> RefreshResult:
+    async def refused(claim: Claim, not_after: float | None) -> RefreshResult:
         return RefreshResult(rejected(Layer.LIMITER), calls=0)
 
     clock, store, d, writer, _ = _setup(50, {60: 50}, refresh=refused)
@@ -131,7 +131,9 @@ async def test_stop_releases_unstarted_claims_and_finishes_in_flight_work() -> N
     stopping = asyncio.create_task(stopper())
     await _run(clock, d, writer, 200, stop=stop)
     await stopping
-    assert 2900 <= len(starts) <= 3100
+    # The window is this one minute: its 6000 starts fit in the 50 s before the finish
+    # margin, 12 a slice; stopped 30 s in, 3600 have started.
+    assert len(starts) == 3600
     leased = [c for c in store.consents.values() if c.lease_owner is not None]
     assert leased == []  # unstarted claims were given back
     assert len(store.outcomes) == len(starts)
@@ -153,3 +155,20 @@ async def test_a_claim_lost_twice_to_unknown_outcomes_is_dead_lettered_not_calle
     await _run(clock, d, writer, 130)
     assert 1 not in {cid for _, cid in starts}
     assert [r.consent_id for r in store.dead_letters] == [1]
+
+
+async def test_no_refresh_starts_in_the_windows_last_seconds_and_calls_stop_at_its_end() -> None:
+    seen: list[tuple[float, float | None]] = []
+    clock = None
+
+    async def note(claim: Claim, not_after: float | None) -> RefreshResult:
+        assert clock is not None
+        seen.append((clock.monotonic(), not_after))
+        return RefreshResult(OK, calls=1)
+
+    # Window 01:00-01:02 (minutes 60, 61); the FakeClock starts at 00:59:00 = monotonic 0.
+    clock, _store, d, writer, _ = _setup(1000, {60: 500, 61: 500}, refresh=note)
+    await _run(clock, d, writer, 200)
+    assert len(seen) == 1000
+    assert max(t for t, _ in seen) < 180 - 10  # finish margin before 01:02
+    assert {na for _, na in seen} == {180.0}  # both minutes share the window's end
