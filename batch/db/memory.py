@@ -86,6 +86,15 @@ class MemoryWorkStore:
                 n += 1
         return n
 
+    async def extend(self, ids: Sequence[int], *, worker: str, until: datetime) -> int:
+        n = 0
+        for i in ids:
+            c = self.consents[i]
+            if c.lease_owner == worker:
+                c.lease_until = until
+                n += 1
+        return n
+
     async def write(self, records: Sequence[Record], *, run_id: str, worker: str,
                     day: date) -> None:
         if self.fail_writes > 0:

@@ -191,6 +191,22 @@ async def release(engine: AsyncEngine, ids: Sequence[int], *, worker: str) -> in
     return int(res.rowcount or 0)
 
 
+async def extend(engine: AsyncEngine, ids: Sequence[int], *, worker: str,
+                 until: datetime) -> int:
+    """Renew our leases on claims still queued or in flight (a heartbeat)."""
+    n = 0
+    for i in range(0, len(ids), 5000):
+        chunk = list(ids[i:i + 5000])
+        async with transaction(engine) as conn:
+            res = await conn.execute(
+                update(consents)
+                .where(consents.c.id.in_(chunk), consents.c.lease_owner == worker)
+                .values(lease_until=until)
+            )
+        n += int(res.rowcount or 0)
+    return n
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     """One finished refresh, ready to write."""
@@ -334,6 +350,8 @@ class WorkStore(Protocol):
 
     async def release(self, ids: Sequence[int], *, worker: str) -> int: ...
 
+    async def extend(self, ids: Sequence[int], *, worker: str, until: datetime) -> int: ...
+
     async def write(self, records: Sequence[Record], *, run_id: str, worker: str,
                     day: date) -> None: ...
 
@@ -352,6 +370,9 @@ class SqlWorkStore:
 
     async def release(self, ids: Sequence[int], *, worker: str) -> int:
         return await release(self.engine, ids, worker=worker)
+
+    async def extend(self, ids: Sequence[int], *, worker: str, until: datetime) -> int:
+        return await extend(self.engine, ids, worker=worker, until=until)
 
     async def write(self, records: Sequence[Record], *, run_id: str, worker: str,
                     day: date) -> None:

@@ -97,10 +97,11 @@ class ProviderDispatcher:
         self.stats = ProviderStats(org_code, day_quota=quota, attempted_before=attempted_before)
         self._queue: asyncio.Queue[work.Claim] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._queued_ids: set[int] = set()
+        self._held: set[int] = set()  # claims queued or in flight: ours, lease renewed
         self._rate = 0.0  # refreshes per second in the current minute, for the producer
         self._claiming = True
         self._nudge = asyncio.Event()  # wakes the producer when the rate changes
+        writer.on_written.append(self._written)
 
     # -- quota bookkeeping -------------------------------------------------------------
 
@@ -118,6 +119,7 @@ class ProviderDispatcher:
         cursor: work.Cursor = work.START
         nxt = self._clock.monotonic()
         idle_until = 0.0
+        renew_at = nxt + self._settings.lease.total_seconds() / 3
         while not stop.is_set() and self._claiming:
             now_m = self._clock.monotonic()
             buffer = math.ceil(self._rate * self._settings.lookahead_seconds) + 1
@@ -134,18 +136,23 @@ class ProviderDispatcher:
                         idle_until = now_m + self._settings.idle_recheck
                     for c in got:
                         cursor = c.cursor
+                        if c.id in self._held:
+                            continue  # still ours (a lease renewal raced the scan)
                         if c.unknown_attempts >= 2:
                             self._writer.add(give_up_unknown(c, week=self._week,
                                                              now=self._clock.now()))
                             self.stats.dead_lettered += 1
                             continue
-                        self._queued_ids.add(c.id)
+                        self._held.add(c.id)
                         self._queue.put_nowait(c)
                 except Exception as exc:  # the database may come back; keep the day going
                     self.stats.claim_errors += 1
                     log.warning("claim failed", extra={
                         "action": "claim_failed", "org_code": self.org_code,
                         "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
+            if self._clock.monotonic() >= renew_at:
+                renew_at = self._clock.monotonic() + self._settings.lease.total_seconds() / 3
+                await self._renew()
             nxt = max(nxt + self._settings.claim_interval, self._clock.monotonic())
             try:
                 async with self._clock.timeout(nxt - self._clock.monotonic()):
@@ -154,6 +161,23 @@ class ProviderDispatcher:
             except TimeoutError:
                 pass
             self._nudge.clear()
+
+    def _written(self, records: Sequence[work.Record]) -> None:
+        for r in records:
+            if r.org_code == self.org_code:
+                self._held.discard(r.consent_id)
+
+    async def _renew(self) -> None:
+        """Heartbeat: keep the leases of everything we hold, so no one else takes it."""
+        if not self._held:
+            return
+        try:
+            await self._store.extend(sorted(self._held), worker=self._settings.worker_id,
+                                     until=self._clock.now() + self._settings.lease)
+        except Exception as exc:
+            log.warning("lease renewal failed", extra={
+                "action": "renew_failed", "org_code": self.org_code,
+                "error": type(exc).__name__})
 
     async def _claim(self, cursor: work.Cursor, n: int) -> list[work.Claim]:
         if n <= 0:
@@ -242,7 +266,6 @@ class ProviderDispatcher:
         return stop.is_set()
 
     def _start(self, claim: work.Claim, not_after: float | None) -> None:
-        self._queued_ids.discard(claim.id)
         self.stats.started += 1
         self.stats.in_flight += 1
         if self.stats.first_start is None:
@@ -272,7 +295,7 @@ class ProviderDispatcher:
     def _finish(self, claim: work.Claim, result: RefreshResult) -> None:
         record = decide(claim, result, week=self._week, now=self._clock.now(),
                         policy=self._policy)
-        self._writer.add(record)
+        self._writer.add(record)  # still held (and its lease renewed) until written
         s = self.stats
         s.in_flight -= 1
         s.calls += result.calls
@@ -318,7 +341,7 @@ class ProviderDispatcher:
             leftovers: list[int] = []
             while not self._queue.empty():
                 leftovers.append(self._queue.get_nowait().id)
-            self._queued_ids.clear()
+            self._held.difference_update(leftovers)
         if leftovers:
             try:
                 await self._store.release(leftovers, worker=self._settings.worker_id)

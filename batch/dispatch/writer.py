@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from datetime import date
 
 from batch.clock import Clock
@@ -38,6 +39,8 @@ class OutcomeWriter:
         self._interval = interval
         self._max_batch = max_batch
         self._buffer: list[Record] = []
+        #: called with each batch once it is durably written
+        self.on_written: list[Callable[[Sequence[Record]], None]] = []
         self._wake = asyncio.Event()
         self._closing = False
         self.written = 0
@@ -72,6 +75,8 @@ class OutcomeWriter:
             del self._buffer[: len(batch)]
             self.written += len(batch)
             self.healthy = True
+            for callback in self.on_written:
+                callback(batch)
         return True
 
     async def run(self) -> None:

@@ -172,3 +172,27 @@ async def test_no_refresh_starts_in_the_windows_last_seconds_and_calls_stop_at_i
     assert len(seen) == 1000
     assert max(t for t, _ in seen) < 180 - 10  # finish margin before 01:02
     assert {na for _, na in seen} == {180.0}  # both minutes share the window's end
+
+
+async def test_leases_are_renewed_while_a_refresh_is_in_flight_so_it_is_never_taken_twice() -> None:
+    clock = FakeClock(datetime(2026, 11, 30, 0, 59, 0, tzinfo=KST))
+    store = MemoryWorkStore()
+    store.add(ORG, 5, week=WEEK, not_before=clock.now() - timedelta(days=1))
+    started: list[int] = []
+
+    async def slow(claim: Claim, not_after: float | None) -> RefreshResult:
+        started.append(claim.id)
+        await clock.sleep(100)  # three leases long
+        return RefreshResult(OK, calls=1)
+
+    writer = OutcomeWriter(store, run_id="r1", worker="w1", day=DAY, clock=clock)
+    d = ProviderDispatcher(
+        ORG, store=store, refresh=slow, writer=writer, clock=clock,
+        settings=DispatchSettings(worker_id="w1", lease=timedelta(seconds=30)),
+        policy=RetryPolicy(), day=DAY, week=WEEK, quota=50,  # more than exists: keeps scanning
+        minutes={60: 25, 61: 25}, per_minute_cap=1000,
+    )
+    await _run(clock, d, writer, 300)
+    assert sorted(started) == [1, 2, 3, 4, 5]
+    assert all(c.unknown_attempts == 0 for c in store.consents.values())
+    assert d.stats.succeeded == 5
