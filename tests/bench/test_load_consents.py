@@ -14,6 +14,7 @@ from datetime import date, datetime
 from pathlib import Path
 
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.clock import KST
 from batch.db import loaders
@@ -33,7 +34,7 @@ def _line(what: str, rows: int, seconds: float, baseline: float | None) -> str:
     return f"{what:<48} {rows:>9} rows {seconds:7.2f} s {rows / seconds:>10,.0f} rows/s  {ratio}"
 
 
-async def _fresh(url: str, files_inst: Path) -> object:
+async def _fresh(url: str, files_inst: Path) -> AsyncEngine:
     from batch.config import load_institutions as read_toml
 
     engine = make_engine(url)
@@ -60,7 +61,7 @@ async def test_load_consents_million(pg_url: str, sqlite_url: str, tmp_path: Pat
         ]
     out = []
     try:
-        async with engine.begin() as conn:  # type: ignore[attr-defined]
+        async with engine.begin() as conn:
             raw = await conn.get_raw_connection()
             t = time.perf_counter()
             await raw.driver_connection.copy_records_to_table(
@@ -68,26 +69,26 @@ async def test_load_consents_million(pg_url: str, sqlite_url: str, tmp_path: Pat
             base = time.perf_counter() - t
         del records
         out.append(_line("baseline: COPY pre-parsed rows (PostgreSQL)", ROWS, base, None))
-        async with engine.begin() as conn:  # type: ignore[attr-defined]
+        async with engine.begin() as conn:
             await conn.execute(text("TRUNCATE consents, dead_letters"))
         t = time.perf_counter()
-        n = await loaders.load_consents(engine, path, now=NOW)  # type: ignore[arg-type]
+        n = await loaders.load_consents(engine, path, now=NOW)
         out.append(_line("load_consents, empty table (PostgreSQL)", n,
                          time.perf_counter() - t, base))
         t = time.perf_counter()
-        n = await loaders.load_consents(engine, path, now=NOW)  # type: ignore[arg-type]
+        n = await loaders.load_consents(engine, path, now=NOW)
         out.append(_line("load_consents, re-load = upsert (PostgreSQL)", n,
                          time.perf_counter() - t, base))
     finally:
-        await engine.dispose()  # type: ignore[attr-defined]
+        await engine.dispose()
 
     engine = await _fresh(sqlite_url, seeded.files.institutions)
     try:
         t = time.perf_counter()
-        n = await loaders.load_consents(engine, path, now=NOW)  # type: ignore[arg-type]
-        out.append(_line("load_consents, empty table (SQLite; vs PG base)", n, time.perf_counter() - t,
-                         base))
+        n = await loaders.load_consents(engine, path, now=NOW)
+        out.append(_line("load_consents, empty table (SQLite; vs PG base)", n,
+                         time.perf_counter() - t, base))
     finally:
-        await engine.dispose()  # type: ignore[attr-defined]
+        await engine.dispose()
     print("\n".join(out))
     assert n == ROWS
