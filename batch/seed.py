@@ -177,7 +177,7 @@ def write_consents(rng: np.random.Generator, params: SeedParams,
             at = (week0 + day * _DAY + rng.choice(minutes, size=count) * 60
                   + rng.integers(0, 60, size=count))
             consented = at - rng.integers(_DAY, 400 * _DAY, size=count)
-            fresh = today0 - rng.integers(3600, 9 * _DAY, size=count)
+            fresh = today0 - rng.integers(3600, 3 * _DAY, size=count)
             consented = np.where(new, fresh, consented)
             c_text = _iso(consented).tolist()
             l_text = np.where(new, "", _iso(at)).tolist()

@@ -1,0 +1,149 @@
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from sqlalchemy import func, select
+
+from batch.cli import main
+from batch.db.engine import make_engine
+from batch.db.schema import consents, institutions, usage_daily
+
+TOML = """\
+operator_org_code = "OPERATOR01"
+
+[[providers]]
+org_code = "BANK000001"
+industry = "bank"
+base_url = "http://127.0.0.1:9001"
+windows = ["0030:0530", "2200:2400"]
+calls_per_second = 50
+max_concurrency = 20
+
+[[providers]]
+org_code = "CARD000002"
+industry = "card"
+base_url = "http://127.0.0.1:9002"
+windows = ["0000:0600"]
+calls_per_second = 100
+max_concurrency = 30
+"""
+CONSENTS = ("user_id,org_code,access_token,consented_at,last_scheduled_at\n"
+            "u1,BANK000001,tok1,2026-01-01T00:00:00+09:00,2026-02-01T00:00:00+09:00\n"
+            "u2,CARD000002,tok2,2026-01-01T00:00:00+09:00,\n")
+USAGE = "org_code,date,user_calls\nBANK000001,2026-11-01,1200\nCARD000002,2026-11-01,300\n"
+
+
+def _cli(db_url: str, *args: str) -> Result:
+    return CliRunner().invoke(main, ["--db", db_url, *args])
+
+
+def _counts(db_url: str) -> tuple[int, int, int]:
+    async def go() -> tuple[int, int, int]:
+        engine = make_engine(db_url)
+        try:
+            async with engine.connect() as conn:
+                out = []
+                for t in (institutions, consents, usage_daily):
+                    out.append(int((await conn.execute(
+                        select(func.count()).select_from(t))).scalar_one()))
+                return out[0], out[1], out[2]
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(go())
+
+
+def _files(tmp_path: Path, **override: str) -> dict[str, Path]:
+    texts = {"inst": TOML, "cons": CONSENTS, "usage": USAGE} | override
+    names = {"inst": "institutions.toml", "cons": "consents.csv", "usage": "usage.csv"}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for key, text in texts.items():
+        out[key] = tmp_path / names[key]
+        out[key].write_text(text, encoding="utf-8")
+    return out
+
+
+def _load_all(db_url: str, files: dict[str, Path]) -> None:
+    for kind, key in (("institutions", "inst"), ("consents", "cons"), ("usage", "usage")):
+        res = _cli(db_url, "load", kind, str(files[key]))
+        assert res.exit_code == 0, res.output + res.stderr
+
+
+def test_good_files_load_on_a_fresh_database_and_print_counts(db_url: str,
+                                                              tmp_path: Path) -> None:
+    files = _files(tmp_path)
+    res = _cli(db_url, "load", "institutions", str(files["inst"]))
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.startswith("loaded 2 institutions from ")
+    res = _cli(db_url, "load", "consents", str(files["cons"]))
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.startswith("loaded 2 consents from ")
+    res = _cli(db_url, "load", "usage", str(files["usage"]))
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.startswith("loaded 2 usage rows from ")
+    assert _counts(db_url) == (2, 2, 2)
+
+
+def test_loading_the_same_files_again_upserts(db_url: str, tmp_path: Path) -> None:
+    files = _files(tmp_path)
+    _load_all(db_url, files)
+    _load_all(db_url, files)
+    assert _counts(db_url) == (2, 2, 2)
+
+
+BAD_CASES = [
+    # (name, kind, which file, content or None for a missing file, line, field)
+    ("missing file", "consents", "cons", None, None, None),
+    ("wrong header row", "consents", "cons",
+     "user_id,org,access_token,consented_at,last_scheduled_at\n", 1, "org_code"),
+    ("bad window string", "institutions", "inst",
+     TOML.replace('"0000:0600"', '"0000:0615"'), 15, "providers[1].windows"),
+    ("window written without colon", "institutions", "inst",
+     TOML.replace('"0000:0600"', '"0000-0600"'), 15, "providers[1].windows"),
+    ("duplicate org_code", "institutions", "inst",
+     TOML.replace("CARD000002", "BANK000001"), 12, "providers[1].org_code"),
+    ("unknown org_code in consents", "consents", "cons",
+     CONSENTS.replace("u2,CARD000002", "u2,CARD000009"), 3, "org_code"),
+    ("a non-date", "consents", "cons",
+     CONSENTS.replace("2026-02-01T00:00:00+09:00", "last tuesday"), 2, "last_scheduled_at"),
+    ("a non-date in usage", "usage", "usage", USAGE.replace("2026-11-01,300", "Nov 1,300"),
+     3, "date"),
+    ("a negative number", "usage", "usage", USAGE.replace("1200", "-1200"), 2, "user_calls"),
+]
+
+
+@pytest.mark.parametrize(("kind", "key", "content", "line", "field"),
+                         [c[1:] for c in BAD_CASES], ids=[c[0] for c in BAD_CASES])
+def test_bad_input_is_one_line_exit_2_and_the_database_is_unchanged(
+        db_url: str, tmp_path: Path, kind: str, key: str, content: str | None,
+        line: int | None, field: str | None) -> None:
+    _load_all(db_url, _files(tmp_path / "good"))
+    before = _counts(db_url)
+    bad_dir = tmp_path / "bad"
+    bad_dir.mkdir()
+    path = bad_dir / f"{key}.input"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    res = _cli(db_url, "load", kind, str(path))
+
+    assert res.exit_code == 2
+    err = res.stderr.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert err.startswith(f"mydata-batch: error: {path}")
+    if line is not None:
+        assert err.startswith(f"mydata-batch: error: {path}:{line}: field '{field}': ")
+    else:
+        assert "no such file" in err
+    assert "tok1" not in err and "tok2" not in err
+    assert _counts(db_url) == before
+
+
+def test_help_explains_each_format() -> None:
+    for kind, words in (("institutions", "windows"), ("consents", "last_scheduled_at"),
+                        ("usage", "org_code,date,user_calls")):
+        res = CliRunner().invoke(main, ["load", kind, "--help"])
+        assert res.exit_code == 0 and words in res.stdout
