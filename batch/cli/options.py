@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from batch.clock import Clock, clock_from_spec
+from batch.clock import Clock, ScaledClock, clock_from_spec
 from planning.windows import Window, WindowError, parse_window
 
 
@@ -45,8 +45,15 @@ DATE = DateParam()
 
 
 def clock_from_env() -> Clock:
-    """The system clock, unless MYDATA_CLOCK asks for a scaled one (demos, tests)."""
+    """The system clock, unless MYDATA_CLOCK asks for a scaled one (demos, tests).
+
+    A scaled clock's full spec (with its anchor) is written back to the environment, so
+    child processes (the demo's simulator) keep the very same time.
+    """
     try:
-        return clock_from_spec(os.environ.get("MYDATA_CLOCK"))
+        clock = clock_from_spec(os.environ.get("MYDATA_CLOCK"))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if isinstance(clock, ScaledClock):
+        os.environ["MYDATA_CLOCK"] = clock.spec()
+    return clock

@@ -333,9 +333,15 @@ class ProviderDispatcher:
         try:
             await self._consume(stop)
         finally:
+            # Let the producer finish its current claim rather than cancel it mid-transaction.
             self._claiming = False
-            producer.cancel()
-            await asyncio.gather(producer, return_exceptions=True)
+            self._nudge.set()
+            try:
+                async with self._clock.timeout(60):
+                    await asyncio.shield(producer)
+            except (TimeoutError, Exception):
+                producer.cancel()
+                await asyncio.gather(producer, return_exceptions=True)
             await self._drain(grace if stop.is_set() else None)
             self.stats.breaker_state = self._breaker_state()
             leftovers: list[int] = []

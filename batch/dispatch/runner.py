@@ -158,7 +158,7 @@ async def run_day(
                 loop.add_signal_handler(sig, stop.set)
                 signals.append(sig)
     tty = options.progress == "tty" or (options.progress == "auto" and stream.isatty())
-    writer_task = asyncio.create_task(writer.run(), name="writer")
+    writer_task = writer.start()
     progress_task = None
     if options.progress != "none":
         progress_task = asyncio.create_task(progress.report(
@@ -171,7 +171,6 @@ async def run_day(
             progress_task.cancel()
             await asyncio.gather(progress_task, return_exceptions=True)
         persisted = await writer.close()
-        writer_task.cancel()
         await asyncio.gather(writer_task, return_exceptions=True)
         await http.aclose()
         for sig in signals:
@@ -210,7 +209,8 @@ async def run_day(
                                        summary=json.dumps(summary)))
     except Exception as exc:
         log.error("could not store the run summary", extra={
-            "action": "summary_failed", "run_id": options.run_id, "error": type(exc).__name__})
+            "action": "summary_failed", "run_id": options.run_id,
+            "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
     return RunResult(summary, exit_code)
 
 

@@ -43,6 +43,8 @@ class OutcomeWriter:
         self.on_written: list[Callable[[Sequence[Record]], None]] = []
         self._wake = asyncio.Event()
         self._closing = False
+        self._stopped = asyncio.Event()
+        self._running = False
         self.written = 0
         self.failures = 0
         self.healthy = True
@@ -82,20 +84,33 @@ class OutcomeWriter:
     async def run(self) -> None:
         """Flush periodically until :meth:`close`; back off while the database is down."""
         backoff = self._interval
-        while not self._closing:
-            try:
-                async with self._clock.timeout(backoff):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
-            self._wake.clear()
-            ok = await self.flush()
-            backoff = self._interval if ok else min(backoff * 2, 10.0)
+        try:
+            while not self._closing:
+                try:
+                    async with self._clock.timeout(backoff):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+                self._wake.clear()
+                if self._closing:
+                    break
+                ok = await self.flush()
+                backoff = self._interval if ok else min(backoff * 2, 10.0)
+        finally:
+            self._stopped.set()
+
+    def start(self) -> asyncio.Task[None]:
+        """Run the periodic flush loop as a task; :meth:`close` ends it cleanly."""
+        self._running = True
+        return asyncio.create_task(self.run(), name="outcome-writer")
 
     async def close(self, *, timeout: float = 30.0) -> bool:
-        """Stop the loop and write what is left, retrying up to ``timeout`` seconds."""
+        """Stop the loop (after its current write: never cancelled mid-transaction), then
+        write what is left, retrying up to ``timeout`` seconds."""
         self._closing = True
         self._wake.set()
+        if self._running:
+            await self._stopped.wait()
         deadline = self._clock.monotonic() + timeout
         delay = 0.2
         while True:

@@ -49,12 +49,12 @@ def _setup(n_consents: int, minutes: dict[int, int], *, quota: int | None = None
 async def _run(clock: FakeClock, d: ProviderDispatcher, writer: OutcomeWriter,
                seconds: float, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
-    wt = asyncio.create_task(writer.run())
+    wt = writer.start()
     task = asyncio.create_task(d.run(stop))
     await clock.run_for(seconds)
     await task
-    await writer.close()
-    wt.cancel()
+    assert await writer.close()
+    await wt
 
 
 async def test_each_minute_starts_exactly_its_target_spread_over_100ms_slices() -> None:
