@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import bindparam, select, text
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import Insert
 
@@ -297,6 +298,15 @@ async def _stage(conn: AsyncConnection, chunks: Iterator[list[StageRow]]) -> int
     return count
 
 
+async def _refuse_duplicates(conn: AsyncConnection, src: CsvInput) -> None:
+    """Raise InputError at the first repeated (user_id, org_code) in the staging table."""
+    dup = (await conn.exec_driver_sql(_FIRST_DUPLICATE)).first()
+    if dup is not None:
+        user, org, first, again = tuple(dup)
+        raise src.error(again, "user_id", f"duplicate consent of user {user!r} at "
+                                          f"{org.strip()} (first on line {first})")
+
+
 async def load_consents(engine: AsyncEngine, path: str | Path, *, now: datetime) -> int:
     """Validate a consents CSV and upsert it on (user_id, org_code); returns the row count.
 
@@ -309,18 +319,24 @@ async def load_consents(engine: AsyncEngine, path: str | Path, *, now: datetime)
             sqlite_db = conn.dialect.name == "sqlite"
             # Parsing in a thread to overlap with the COPY was measured: no gain (GIL-bound).
             count = await _stage(conn, _parse_consents(src, known, now, as_text=sqlite_db))
-            dup = (await conn.exec_driver_sql(_FIRST_DUPLICATE)).first()
-            if dup is not None:
-                user, org, first, again = tuple(dup)
-                raise src.error(again, "user_id",
-                                f"duplicate consent of user {user!r} at {org.strip()} "
-                                f"(first on line {first})")
             merge = text(_MERGE_SQLITE if sqlite_db else _MERGE_PG).bindparams(
                 bindparam("now", type_=UTCDateTime))
-            await conn.execute(merge, {"now": now})
             if sqlite_db:
+                await _refuse_duplicates(conn, src)
+                await conn.execute(merge, {"now": now})
                 await conn.exec_driver_sql("DROP TABLE temp.consents_stage")
             else:
+                # PostgreSQL refuses a merge that proposes one key twice (SQLSTATE 21000), so
+                # the duplicate scan runs only when that happens.
+                try:
+                    async with conn.begin_nested():
+                        await conn.execute(merge, {"now": now})
+                except DBAPIError as exc:
+                    if getattr(exc.orig, "sqlstate", None) != "21000":
+                        raise
+                    await _refuse_duplicates(conn, src)
+                    raise
+                # Fresh statistics for the dispatcher's first keyset scans.
                 await conn.exec_driver_sql("ANALYZE consents")
     return count
 
