@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from batch.cli import Settings, main, with_engine
 from batch.clock import SystemClock
 from batch.db.engine import init_db, redact
-from batch.errors import ConfigError
+from batch.errors import ConfigError, InputError
 from batch.seed import SeedParams, SeedResult, load_seed, load_time, write_seed
 
 
@@ -68,7 +68,11 @@ def seed_cmd(settings: Settings, providers: int, consents: int, weeks: int, seed
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     started = time.perf_counter()
-    result = write_seed(params, out_dir)
+    try:
+        result = write_seed(params, out_dir)
+    except OSError as exc:
+        raise InputError(f"cannot write the seed files: {exc.strerror or exc}",
+                         file=str(out_dir)) from None
 
     async def go(engine: AsyncEngine) -> tuple[int, int, int]:
         await init_db(engine)

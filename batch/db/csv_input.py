@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterator, Sequence
-from datetime import date, datetime
+from datetime import date
 from pathlib import Path
 from types import TracebackType
 
-from batch.clock import KST
 from batch.errors import InputError
 
-#: Timestamps without an offset are read as KST (the operator's zone, MYDATA.md).
 TIMESTAMP_EXAMPLE = "2026-11-29T09:00:00+09:00"
 
 
@@ -141,21 +139,6 @@ class CsvInput:
         return self.error(line, f"column {self.width + 1}",
                           f"unexpected extra field (the row has {len(row)} fields, the header "
                           f"{self.width}); quote values that contain commas")
-
-
-def parse_timestamp(text: str) -> datetime:
-    """An ISO 8601 timestamp in KST (one without an offset is KST). Raises ValueError.
-
-    Every result carries the one ``KST`` object: aware datetimes sharing a tzinfo compare
-    several times faster, which matters at a million rows.
-    """
-    value = datetime.fromisoformat(text)
-    tz = value.tzinfo
-    if tz is None or (tz is not KST and text.endswith("+09:00")):
-        return value.replace(tzinfo=KST)
-    if tz is not KST:
-        return value.astimezone(KST)
-    return value
 
 
 def bad_timestamp(text: str) -> str:

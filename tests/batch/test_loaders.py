@@ -341,3 +341,19 @@ async def test_wrong_usage_header_is_refused(engine: AsyncEngine, tmp_path: Path
         await load_usage(engine, path)
     assert str(err.value).startswith(f"{path}:1: field 'org_code': header column 1 is 'org'")
     assert await _counts(engine) == (2, 1, 0, 0)
+
+
+async def test_reloading_revives_a_dead_consent_only_for_a_newer_consent(
+        engine: AsyncEngine, tmp_path: Path) -> None:
+    await _with_institutions(engine)
+    first = HEADER + "u1,BANK000001,t,2026-01-01T00:00:00,,\n"
+    await load_consents(engine, _write(tmp_path, "a.csv", first), now=NOW)
+    async with engine.begin() as conn:
+        await conn.execute(consents.update().values(status="dead"))
+
+    await load_consents(engine, _write(tmp_path, "b.csv", first), now=NOW)
+    assert (await _rows(engine))[("u1", "BANK000001")]["status"] == "dead"
+
+    newer = first.replace("2026-01-01T00:00:00", "2026-11-24T00:00:00")
+    await load_consents(engine, _write(tmp_path, "c.csv", newer), now=NOW)
+    assert (await _rows(engine))[("u1", "BANK000001")]["status"] == "active"

@@ -164,3 +164,12 @@ def test_a_single_provider_gets_every_consent(tmp_path: Path) -> None:
     df = pd.read_csv(tmp_path / "consents.csv", dtype=str)
     assert len(df) == 5000 and df["user_id"].is_unique
     assert result.providers[0].consents == 5000
+
+
+def test_on_a_sunday_nothing_is_done_yet_this_week(tmp_path: Path) -> None:
+    sunday = date(2026, 11, 29)
+    result = write_seed(SeedParams(today=sunday, consents=3000), tmp_path)
+    df = pd.read_csv(result.files.consents, dtype=str, keep_default_na=False)
+    fetched = df.loc[df["last_scheduled_at"] != "", "last_scheduled_at"]
+    assert fetched.map(lambda t: pd.Timestamp(t).date()).max() < sunday
+    assert sum(p.due_this_week for p in result.providers) == 3000
