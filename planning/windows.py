@@ -101,7 +101,8 @@ def parse_windows(
 ) -> tuple[Window, ...]:
     """Parse and validate a provider's window list per MYDATA.md.
 
-    At most ``max_windows`` windows, no two overlapping, together at least
+    At most ``max_windows`` windows, together (their union: overlapping windows, like
+    DESIGN.md's own ``["0030:0530", "2300:0100"]``, are merged, not counted twice) at least
     ``min_total_minutes`` (pass 0 to skip that rule, e.g. for an override).
     """
     if isinstance(texts, str):
@@ -113,10 +114,7 @@ def parse_windows(
         raise WindowError(f"{len(windows)} windows given; at most {max_windows} are allowed")
     seen: set[int] = set()
     for w in windows:
-        mins = set(w.minutes())
-        if seen & mins:
-            raise WindowError(f"window {w} overlaps another window")
-        seen |= mins
+        seen.update(w.minutes())
     if len(seen) < min_total_minutes:
         raise WindowError(
             f"windows cover {len(seen)} minutes a day; at least {min_total_minutes} are required"

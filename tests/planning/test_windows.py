@@ -48,9 +48,12 @@ def test_windows_shorter_than_six_hours_in_total_are_refused() -> None:
     assert len(day_minutes(parse_windows(["0000:0200"], min_total_minutes=0))) == 120
 
 
-def test_overlapping_windows_are_refused_even_across_midnight() -> None:
-    with pytest.raises(WindowError, match="overlaps"):
-        parse_windows(["2300:0500", "0400:0600"])
+def test_overlapping_windows_are_merged_and_counted_once_even_across_midnight() -> None:
+    # DESIGN.md's own example: 23:00-01:00 overlaps 00:30-05:30.
+    mins = day_minutes(parse_windows(["0030:0530", "2300:0100"]))
+    assert mins == list(range(0, 330)) + list(range(1380, 1440))
+    with pytest.raises(WindowError, match="at least 360"):
+        parse_windows(["2300:0200", "0000:0200"])  # 180 minutes, not 300
 
 
 @pytest.mark.parametrize("text, match", [
