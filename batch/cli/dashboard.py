@@ -11,7 +11,7 @@ import click
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.cli import Settings, main, with_engine
-from batch.clock import SystemClock
+from batch.cli.options import clock_from_env
 from batch.dashboard import server
 from batch.dashboard.page import dashboard_html, write_page
 
@@ -45,7 +45,7 @@ def dashboard(settings: Settings, week: datetime | None, out: Path, serve: bool,
     Serve it live on http://127.0.0.1:8050/ (JSON at /api/summary.json):
       mydata-batch dashboard --serve
     """
-    clock = SystemClock()
+    clock = clock_from_env()
     day: date | None = week.date() if week is not None else None
     if not serve:
         async def write(engine: AsyncEngine) -> str:

@@ -8,7 +8,7 @@ import click
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.cli import Settings, main, with_engine
-from batch.clock import SystemClock
+from batch.cli.options import clock_from_env
 from batch.config import load_institutions as read_institutions_file
 from batch.db.engine import init_db, redact
 from batch.db.loaders import load_consents, load_institutions, load_usage
@@ -47,7 +47,7 @@ def load_institutions_cmd(settings: Settings, file: Path) -> None:
 
     async def go(engine: AsyncEngine) -> int:
         await init_db(engine)
-        return await load_institutions(engine, insts, now=SystemClock().now())
+        return await load_institutions(engine, insts, now=clock_from_env().now())
 
     n = with_engine(settings, go)
     click.echo(f"loaded {n} institutions from {file} into {redact(settings.db_url)}")
@@ -67,7 +67,7 @@ def load_consents_cmd(settings: Settings, file: Path) -> None:
     """
     async def go(engine: AsyncEngine) -> int:
         await init_db(engine)
-        return await load_consents(engine, file, now=SystemClock().now())
+        return await load_consents(engine, file, now=clock_from_env().now())
 
     n = with_engine(settings, go)
     click.echo(f"loaded {n} consents from {file} into {redact(settings.db_url)}")

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from batch.cli import Settings, main, with_engine
-from batch.clock import SystemClock
+from batch.cli.options import clock_from_env
 from batch.errors import ConfigError
 from batch.planner import WeekPlan, build_week_plan, save_plan
 from planning.calendar import KST, kst_date, week_days, week_start
@@ -166,7 +166,7 @@ def to_table(plan: WeekPlan, *, saved: bool) -> str:
 def plan_cmd(settings: Settings, week_text: str | None, today_text: str | None, fmt: str,
              save: bool) -> None:
     """Level the week's due consents per provider and day; show (and optionally save) it."""
-    now = SystemClock().now()
+    now = clock_from_env().now()
     week_of, today = resolve_days(_parse_day(week_text, "--week"),
                                   _parse_day(today_text, "--today"), now)
     if today != kst_date(now):

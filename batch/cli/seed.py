@@ -10,7 +10,7 @@ import click
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.cli import Settings, main, with_engine
-from batch.clock import SystemClock
+from batch.cli.options import clock_from_env
 from batch.db.engine import init_db, redact
 from batch.errors import ConfigError, InputError
 from batch.seed import SeedParams, SeedResult, load_seed, load_time, write_seed
@@ -60,7 +60,7 @@ def seed_cmd(settings: Settings, providers: int, consents: int, weeks: int, seed
     calls with weekday, payday (21st-25th) and month-end effects. The files go through
     the same checks as `load`, so they double as examples of the formats.
     """
-    clock = SystemClock()
+    clock = clock_from_env()
     day = today.date() if today is not None else clock.now().date()
     try:
         params = SeedParams(today=day, providers=providers, consents=consents, weeks=weeks,
