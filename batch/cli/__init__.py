@@ -45,8 +45,9 @@ class MydataGroup(click.Group):
               help="Database URL: sqlite+aiosqlite:///file.db (default mydata.db) or "
                    "postgresql+asyncpg://user@host/db. Env: MYDATA_DB_URL.")
 @click.option("--redis", "redis_url", envvar="MYDATA_REDIS_URL", default=None, metavar="URL",
-              help="Redis URL (redis://host:6379/0); turns on cluster mode. "
-                   "Env: MYDATA_REDIS_URL.")
+              help="Redis URL for cluster mode (a rate limit and circuit shared by many "
+                   "workers). Not available in this version: `run` refuses it rather than "
+                   "run unshared. Env: MYDATA_REDIS_URL.")
 @click.version_option(package_name="mydata-batch")
 @click.pass_context
 def main(ctx: click.Context, db_url: str | None, redis_url: str | None) -> None:

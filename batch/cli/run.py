@@ -10,6 +10,7 @@ import click
 
 from batch.cli import Settings, main, run_async
 from batch.cli.options import WINDOW, clock_from_env
+from batch.errors import ConfigError
 from planning.windows import Window
 
 
@@ -28,18 +29,24 @@ from planning.windows import Window
               show_default=True,
               help="Live lines on a terminal, a log line per provider per minute under cron.")
 @click.option("--worker-id", default=None, help="This worker's id (default host-pid).")
+@click.option("--page-limit", type=click.IntRange(1, 500), default=500, show_default=True,
+              help="Items per page of list calls (MYDATA.md: at most 500).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.pass_obj
 def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ...],
             as_json: bool, lease_seconds: int, grace_seconds: float, progress: str,
-            worker_id: str | None, log_level: str) -> None:
+            worker_id: str | None, page_limit: int, log_level: str) -> None:
     """Run today's plan inside the providers' windows, then print the summary.
 
     Exit codes: 0 the day's work is done; 1 work left undone or failures an operator must
     see (dead letters, our own 4xx bugs, outcomes not written); 2 bad input or an
     unreachable database; 3 interrupted by SIGTERM/SIGINT (unstarted work released).
     """
+    if settings.redis_url:
+        raise ConfigError(
+            "cluster mode (--redis / MYDATA_REDIS_URL) is not available in this version; "
+            "run a single worker per database without it")
     from batch.db.engine import make_engine
     from batch.dispatch.runner import RunOptions, format_summary, run_day
     from batch.logs import setup_logging
@@ -50,7 +57,7 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
     options = RunOptions(
         window_override=tuple(windows) or None, only=tuple(only),
         lease=timedelta(seconds=lease_seconds), grace_seconds=grace_seconds,
-        progress=progress, **kwargs,  # type: ignore[arg-type]
+        progress=progress, page_limit=page_limit, **kwargs,  # type: ignore[arg-type]
     )
     setup_logging(level=log_level, run_id=options.run_id)
     clock = clock_from_env()
