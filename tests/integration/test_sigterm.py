@@ -20,8 +20,13 @@ from batch.clock import KST, ScaledClock
 from batch.db import schema
 from batch.db.engine import init_db, make_engine
 from batch.simulator import SimulatorProcess
-from tests.integration.helpers import WEEK, free_ports, institutions_toml, make_institutions, \
-    populate
+from tests.integration.helpers import (
+    WEEK,
+    free_ports,
+    institutions_toml,
+    make_institutions,
+    populate,
+)
 
 pytestmark = pytest.mark.integration
 
