@@ -197,13 +197,17 @@ def parse_institutions(text: str, *, source: str = "<institutions>") -> Institut
     return Institutions(operator_org_code=op, providers=tuple(providers))
 
 
-def load_institutions(path: str | Path) -> Institutions:
-    """Read and validate an institutions file."""
+def read_config_text(path: str | Path) -> str:
+    """A settings file's UTF-8 text; a missing or unreadable file is one ConfigError line."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError("no such file", file=str(p)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read: {exc}", file=str(p)) from None
-    return parse_institutions(text, source=str(p))
+
+
+def load_institutions(path: str | Path) -> Institutions:
+    """Read and validate an institutions file."""
+    return parse_institutions(read_config_text(path), source=str(path))

@@ -47,17 +47,26 @@ class Claim:
         return (self.due_week, self.id)
 
 
+#: Due, unleased (or lease expired) consents of one provider after the keyset cursor.
+_DUE = """
+    FROM consents
+    WHERE org_code = :org AND status = 'active' AND due_week <= :wk
+      AND (due_week, id) > (:cur_week, :cur_id)
+      AND not_before <= :now
+      AND (lease_until IS NULL OR lease_until < :now)
+    ORDER BY due_week, id
+    LIMIT :n
+"""
+_PICK_PARAMS = (
+    bindparam("org", type_=String), bindparam("wk", type_=Date),
+    bindparam("cur_week", type_=Date), bindparam("cur_id", type_=Integer),
+    bindparam("now", type_=UTCDateTime), bindparam("n", type_=Integer),
+)
+
 _PG_CLAIM = text(
-    """
+    f"""
     WITH picked AS (
-        SELECT id, lease_owner AS prev_owner
-        FROM consents
-        WHERE org_code = :org AND status = 'active' AND due_week <= :wk
-          AND (due_week, id) > (:cur_week, :cur_id)
-          AND not_before <= :now
-          AND (lease_until IS NULL OR lease_until < :now)
-        ORDER BY due_week, id
-        LIMIT :n
+        SELECT id, lease_owner AS prev_owner {_DUE}
         FOR UPDATE SKIP LOCKED
     )
     UPDATE consents AS c
@@ -70,28 +79,11 @@ _PG_CLAIM = text(
               (picked.prev_owner IS NOT NULL) AS stale, c.access_token, c.refresh_token,
               c.pending_items
     """
-).bindparams(
-    bindparam("org", type_=String), bindparam("wk", type_=Date),
-    bindparam("cur_week", type_=Date), bindparam("cur_id", type_=Integer),
-    bindparam("now", type_=UTCDateTime), bindparam("until", type_=UTCDateTime),
-    bindparam("n", type_=Integer), bindparam("worker", type_=String),
-)
+).bindparams(*_PICK_PARAMS, bindparam("until", type_=UTCDateTime),
+             bindparam("worker", type_=String))
 
-_SQLITE_PICK = text(
-    """
-    SELECT id, lease_owner FROM consents
-    WHERE org_code = :org AND status = 'active' AND due_week <= :wk
-      AND (due_week, id) > (:cur_week, :cur_id)
-      AND not_before <= :now
-      AND (lease_until IS NULL OR lease_until < :now)
-    ORDER BY due_week, id
-    LIMIT :n
-    """
-).bindparams(
-    bindparam("org", type_=String), bindparam("wk", type_=Date),
-    bindparam("cur_week", type_=Date), bindparam("cur_id", type_=Integer),
-    bindparam("now", type_=UTCDateTime), bindparam("n", type_=Integer),
-)
+# SQLite has one writer at a time: pick, then lease, in the same transaction.
+_SQLITE_PICK = text(f"SELECT id, lease_owner {_DUE}").bindparams(*_PICK_PARAMS)
 
 
 async def claim(

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from batch.config import read_config_text
 from batch.errors import ConfigError
 
 #: Fault kinds a provider may answer at random: response codes, or a connection reset.
@@ -280,10 +281,5 @@ def parse_scenario(text: str, *, source: str = "<scenario>", fmt: str = "toml") 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file (``.json`` is JSON, anything else TOML)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("no such file", file=str(p)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read: {exc}", file=str(p)) from None
-    return parse_scenario(text, source=str(p), fmt="json" if p.suffix == ".json" else "toml")
+    return parse_scenario(read_config_text(p), source=str(p),
+                          fmt="json" if p.suffix == ".json" else "toml")

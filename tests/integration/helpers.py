@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from datetime import date, datetime, timedelta
+from pathlib import Path
 
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -71,3 +73,11 @@ async def populate(engine: AsyncEngine, insts: Institutions, *, per_provider: in
                 batch_quota=per_provider if quota is None else quota, capacity=10**6,
                 unplaceable=0, created_at=now))
     return tokens
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This environment (MYDATA_CLOCK included) with the checkout first on PYTHONPATH."""
+    env = dict(os.environ, **extra)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env

@@ -30,6 +30,7 @@ from tests.integration.helpers import (
     institutions_toml,
     make_institutions,
     populate,
+    subprocess_env,
 )
 
 pytestmark = pytest.mark.integration
@@ -63,9 +64,7 @@ def test_kill_9_mid_run_then_restart_completes_the_day_without_double_transfers(
 
     tokens = asyncio.run(setup())
     monkeypatch.setenv("MYDATA_CLOCK", clock.spec())
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env = subprocess_env()
 
     def real_seconds_until(hh: int, mm: int, ss: int) -> float:
         target = datetime(2026, 11, 30, hh, mm, ss, tzinfo=KST)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from datetime import datetime
@@ -11,15 +10,14 @@ from pathlib import Path
 import pytest
 
 from batch.clock import KST, ScaledClock
+from tests.integration.helpers import subprocess_env
 
 pytestmark = pytest.mark.integration
 
 
 def test_demo_seeds_plans_runs_and_passes_its_checks(tmp_path: Path) -> None:
     clock = ScaledClock(20, start=datetime.now(KST).replace(hour=2, minute=0, second=0))
-    env = dict(os.environ, MYDATA_CLOCK=clock.spec())
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env = subprocess_env(MYDATA_CLOCK=clock.spec())
     out = tmp_path / "demo"
     proc = subprocess.run(
         [sys.executable, "-m", "batch.cli", "demo", "--out", str(out), "--consents", "3000"],

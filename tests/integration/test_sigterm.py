@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from tests.integration.helpers import (
     institutions_toml,
     make_institutions,
     populate,
+    subprocess_env,
 )
 
 pytestmark = pytest.mark.integration
@@ -52,9 +52,7 @@ def test_sigterm_releases_unstarted_work_writes_outcomes_and_exits_3(
 
     asyncio.run(setup())
     monkeypatch.setenv("MYDATA_CLOCK", clock.spec())
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env = subprocess_env()
     cmd = [sys.executable, "-m", "batch.cli", "--db", sqlite_url, "run", "--window-override",
            "0100:0102", "--json", "--progress", "none", "--log-level", "WARNING"]
 
