@@ -78,6 +78,7 @@ class DayPlan:
     day: date
     batch_quota: int
     minutes: dict[int, int]
+    created_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -364,7 +365,8 @@ async def load_day_plan(engine: AsyncEngine, *, day: date) -> dict[str, DayPlan]
     pd_t = schema.plan_days
     pm = schema.plan_minutes
     async with connect(engine) as conn:
-        days = (await conn.execute(select(pd_t.c.org_code, pd_t.c.batch_quota)
+        days = (await conn.execute(select(pd_t.c.org_code, pd_t.c.batch_quota,
+                                          pd_t.c.created_at)
                                    .where(pd_t.c.day == day))).all()
         if not days:
             return {}
@@ -374,5 +376,6 @@ async def load_day_plan(engine: AsyncEngine, *, day: date) -> dict[str, DayPlan]
     by_org: dict[str, dict[int, int]] = {}
     for org, minute, target in mins:
         by_org.setdefault(str(org).strip(), {})[int(minute)] = int(target)
-    return {str(o).strip(): DayPlan(str(o).strip(), day, int(q), by_org.get(str(o).strip(), {}))
-            for o, q in days}
+    return {str(o).strip(): DayPlan(str(o).strip(), day, int(q), by_org.get(str(o).strip(), {}),
+                                    created_at=c)
+            for o, q, c in days}

@@ -19,7 +19,7 @@ import sys
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, time, timedelta
 from typing import Any, TextIO
 
 import httpx
@@ -27,7 +27,7 @@ from sqlalchemy import insert, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.client import MydataClient, RefreshResult, make_http_client
-from batch.clock import Clock
+from batch.clock import KST, Clock
 from batch.db import schema, work
 from batch.db.engine import init_db, transaction
 from batch.db.loaders import read_institutions
@@ -102,11 +102,18 @@ async def run_day(
     week = week_start(today)
 
     plans = await load_day_plan(engine, day=today)
-    if not plans:
-        log.info("no saved plan for today: planning the week now",
-                 extra={"action": "plan", "run_id": options.run_id})
+    day_start = datetime.combine(today, time(0), KST)
+    if not plans or any(p.created_at is None or p.created_at < day_start
+                        for p in plans.values()):
+        # Each night re-levels the rest of the week from what actually happened. A plan
+        # saved today (by `plan --save`, or an earlier run today) is kept as it is.
+        # An override run does today's work now: plan today with its whole capacity.
+        log.info("planning the rest of the week", extra={
+            "action": "plan", "run_id": options.run_id,
+            "reason": "no plan saved" if not plans else "plan saved before today"})
+        plan_now = day_start if options.window_override is not None else now
         await save_plan(engine, await build_week_plan(engine, week_of=today, today=today,
-                                                       now=now))
+                                                       now=plan_now))
         plans = await load_day_plan(engine, day=today)
 
     before = await work.attempted_today(engine, day=today)
