@@ -152,7 +152,8 @@ def day_record(x: DayLoad) -> dict[str, int | None]:
             "actual_user_calls": x.actual_user_calls, "user_calls": x.user_calls,
             "batch_planned_consents": x.batch_quota,
             "batch_planned_calls": x.batch_planned_calls,
-            "batch_done_consents": x.batch_done, "batch_actual_calls": x.batch_calls_made,
+            "batch_done_consents": x.batch_done,
+            "batch_actual_calls": x.batch_calls_made if x.ran else None,
             "user_plus_batch_planned_calls": x.total_planned_calls,
             "user_plus_batch_actual_calls": x.total_actual_calls,
             "unplaceable_consents": x.unplaceable}

@@ -16,8 +16,6 @@ from batch.dashboard.data import (
     load_snapshot,
     parse_run_totals,
 )
-from batch.db import schema
-from batch.planner import DEFAULT_CALLS_PER_CONSENT
 from batch.dashboard.figures import (
     ALL,
     DAY_KEYS,
@@ -29,6 +27,8 @@ from batch.dashboard.figures import (
     progress,
     summary,
 )
+from batch.db import schema
+from batch.planner import DEFAULT_CALLS_PER_CONSENT
 from tests.dashboard.conftest import (
     ACCESS,
     BANK,
@@ -85,8 +85,7 @@ async def test_total_sums_providers_with_actual_usage_where_known(week: Week) ->
     assert [x.total_planned_calls for x in total] == [
         12_345 + 27_000 + 1_800, 22_222 + 24_000 + 2_800, 52_000 + 3_800, 59_000 + 4_800,
         66_000 + 5_800, 73_000 + 6_800, 80_000 + 10_200]
-    assert [x.batch_planned_calls for x in total][0] == 27_600
-    assert [x.batch_quota for x in total][0] == 9_300
+    assert (total[0].batch_planned_calls, total[0].batch_quota) == (27_600, 9_300)
     assert [x.batch_done for x in total] == [4, 3, 3, 0, 0, 0, 0]
     assert [x.batch_calls_made for x in total] == [12, 9, 19, 0, 0, 0, 0]
     assert total[0].forecast_user_calls == 11_000 + 1_200
