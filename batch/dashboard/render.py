@@ -431,6 +431,9 @@ def header(snap: Snapshot, rows: Sequence[Progress], *, refresh_seconds: int | N
     unplaceable = sum(x.unplaceable for x in snap.loads)
     if unplaceable:
         alerts.append(f'<span class="pill bad">{esc(num(unplaceable))} unplaceable</span>')
+    if snap.config_errors:
+        alerts.append(f'<span class="pill bad">⚠ {len(snap.config_errors)} institution '
+                      "options refused</span>")
     refresh = f" · refreshes every {refresh_seconds} s" if refresh_seconds else ""
     nav = week_links(snap) if live else ""
     return (f"<header><h1>mydata-batch</h1><span class=week>{esc(week)}</span>{nav}"

@@ -7,12 +7,14 @@ import re
 from datetime import timedelta
 from pathlib import Path
 
+from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.dashboard.data import load_snapshot
 from batch.dashboard.figures import summary
 from batch.dashboard.page import write_dashboard
 from batch.dashboard.render import num, render_page
+from batch.db import schema
 from tests.dashboard.conftest import ACCESS, BANK, CARD, EVIL, NOW, REFRESH, WEEK, Tables, Week
 
 
@@ -134,3 +136,15 @@ async def test_a_running_run_without_news_for_hours_is_flagged_stale(week: Week)
     assert "stale" not in fresh
     # run-2 started 01:00 KST on Tuesday and never finished; at 13:00 it is 12 h old
     assert "running, stale 12 h" in late.split("</header>")[0]
+
+
+async def test_options_the_planner_refuses_are_flagged_on_the_page(week: Week) -> None:
+    async with week.engine.begin() as conn:
+        await conn.execute(update(schema.institutions)
+                           .where(schema.institutions.c.org_code == CARD)
+                           .values(options="not json"))
+    page = await page_for(week)
+    assert "1 institution options refused" in page.split("</header>")[0]
+    assert f"institution {CARD}: options are not JSON" in page
+    # its batch calls assume the default 3 calls per consent: 300 consents, 900 calls
+    assert Tables(page).row(f"load-{CARD}", "Batch planned", "calls")[0] == "900"
