@@ -141,6 +141,13 @@ def limits_from_row(org_code: str, windows: str, calls_per_second: float,
         parsed = parse_windows(raw if isinstance(raw, list) else [raw], min_total_minutes=0)
     except WindowError as exc:
         raise ConfigError(f"institution {org_code}: {exc}", field="windows") from None
+    return ProviderLimits(org_code, parsed, float(calls_per_second),
+                          calls_per_consent_from_options(org_code, options))
+
+
+def calls_per_consent_from_options(org_code: str, options: str | None) -> float:
+    """``calls_per_consent`` of an ``institutions.options`` JSON text (default when absent);
+    a ConfigError naming the provider when it is not JSON or not a positive number."""
     try:
         opts = json.loads(options or "{}")
     except json.JSONDecodeError:
@@ -148,10 +155,11 @@ def limits_from_row(org_code: str, windows: str, calls_per_second: float,
                           field="options") from None
     cpc = opts.get("calls_per_consent", DEFAULT_CALLS_PER_CONSENT) if isinstance(
         opts, dict) else DEFAULT_CALLS_PER_CONSENT
-    if isinstance(cpc, bool) or not isinstance(cpc, int | float) or not cpc > 0:
+    if (isinstance(cpc, bool) or not isinstance(cpc, int | float) or not cpc > 0
+            or not math.isfinite(cpc)):
         raise ConfigError(f"institution {org_code}: calls_per_consent must be a positive "
                           "number", field="calls_per_consent")
-    return ProviderLimits(org_code, parsed, float(calls_per_second), float(cpc))
+    return float(cpc)
 
 
 def window_minutes(limits: ProviderLimits, day: date, now: datetime) -> list[int]:

@@ -2,6 +2,11 @@
 
 Every query names its columns; the consents table is never read, so access and refresh
 tokens cannot reach the page or the JSON.
+
+Units, as in the planner: user calls and batch *calls* are API calls; ``batch_quota`` and
+``batch_done`` are *consents* (one refresh each). A consent costs the provider's
+``calls_per_consent`` calls (``institutions.options``), so planned batch calls are
+``round(batch_quota * calls_per_consent)``, exactly the planner's ``batch_calls`` column.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from batch.db import schema
 from batch.db.engine import connect
+from batch.errors import ConfigError
+from batch.planner import DEFAULT_CALLS_PER_CONSENT, calls_per_consent_from_options
 from planning.calendar import KST, week_start
 
 DONE = "done"
@@ -25,7 +32,14 @@ DEAD_LETTERS_SHOWN = 10
 
 @dataclass(frozen=True, slots=True)
 class DayLoad:
-    """One provider's load on one day: user calls (forecast, actual) and batch (plan, done)."""
+    """One provider's load on one day.
+
+    Calls: ``forecast_user_calls``, ``actual_user_calls``, ``batch_planned_calls`` (the
+    quota x calls per consent) and ``batch_calls_made`` (every outcome's calls that day).
+    Consents: ``batch_quota`` (planned), ``batch_done`` (outcomes with action done),
+    ``capacity`` and ``unplaceable``. ``ran``: the day is past or has outcomes, so its
+    actual batch calls mean something.
+    """
 
     org_code: str
     day: date
@@ -35,6 +49,13 @@ class DayLoad:
     batch_done: int
     capacity: int | None = None
     unplaceable: int = 0
+    batch_planned_calls: int | None = None
+    batch_calls_made: int = 0
+    ran: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.batch_quota is None) != (self.batch_planned_calls is None):
+            raise ValueError("batch_quota and batch_planned_calls are both known or both not")
 
     @property
     def user_calls(self) -> int:
@@ -44,13 +65,22 @@ class DayLoad:
         return self.forecast_user_calls or 0
 
     @property
-    def planned(self) -> int:
+    def planned_consents(self) -> int:
         return self.batch_quota or 0
 
     @property
-    def total(self) -> int:
-        """User calls plus the planned batch: the load the plan shapes."""
-        return self.user_calls + self.planned
+    def planned_calls(self) -> int:
+        return self.batch_planned_calls or 0
+
+    @property
+    def total_planned_calls(self) -> int:
+        """User calls plus the planned batch calls: the load the plan levels."""
+        return self.user_calls + self.planned_calls
+
+    @property
+    def total_actual_calls(self) -> int | None:
+        """User calls plus the batch calls actually made; None before the day has run."""
+        return self.user_calls + self.batch_calls_made if self.ran else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +154,10 @@ class Snapshot:
     #: planned refreshes due by ``generated_at`` on the focus day, per provider, from
     #: plan_minutes; absent when that day has no minute plan.
     expected_by_now: tuple[tuple[str, int], ...] = ()
+    #: calls per consent of each provider, as the planner reads it
+    calls_per_consent: tuple[tuple[str, float], ...] = ()
+    #: institutions whose options the planner would refuse (their calls assume the default)
+    config_errors: tuple[str, ...] = ()
     _index: dict[tuple[str, date], DayLoad] = field(
         init=False, repr=False, compare=False, default_factory=dict)
 
@@ -145,7 +179,13 @@ class Snapshot:
     def load(self, org_code: str, day: date) -> DayLoad:
         """The provider's day; an empty one when nothing is known about it."""
         found = self._index.get((org_code, day))
-        return found if found is not None else DayLoad(org_code, day, None, None, None, 0)
+        if found is not None:
+            return found
+        return DayLoad(org_code, day, None, None, None, 0, ran=day < self.today)
+
+    def cpc(self, org_code: str) -> float | None:
+        """The provider's calls per consent; None for an unknown provider."""
+        return dict(self.calls_per_consent).get(org_code)
 
 
 def focus_day_for(week: date, today: date) -> date:
@@ -197,9 +237,10 @@ async def load_snapshot(engine: AsyncEngine, *, week: date, now: datetime) -> Sn
         if not await conn.run_sync(lambda c: inspect(c).has_table(schema.plan_days.name)):
             # Not initialised yet: an empty week, whose page says how to start.
             return Snapshot(start, today, focus, now, (), (), (), (), (), ())
-        providers = await _providers(conn)
+        cpc, errors = await _calls_per_consent(conn)
+        providers = list(cpc)
         counts = await _outcome_counts(conn, providers, start, end)
-        loads = await _loads(conn, start, end, counts)
+        loads = await _loads(conn, start, end, today, counts, cpc)
         runs = await _runs(conn, start, end)
         outcomes = _outcomes_on(counts, focus)
         groups, letters = await _dead_letters(conn)
@@ -211,17 +252,32 @@ async def load_snapshot(engine: AsyncEngine, *, week: date, now: datetime) -> Sn
         providers=tuple(sorted(set(providers) | {x.org_code for x in loads})),
         loads=loads, runs=runs, outcomes=outcomes, dead_letter_groups=groups,
         dead_letters=letters, expected_by_now=expected,
+        calls_per_consent=tuple(sorted(cpc.items())), config_errors=errors,
     )
 
 
-async def _providers(conn: AsyncConnection) -> list[str]:
+async def _calls_per_consent(conn: AsyncConnection) -> tuple[dict[str, float],
+                                                              tuple[str, ...]]:
+    """Each provider's calls per consent, parsed as the planner parses it. A row the planner
+    would refuse still shows (with the default) but its error is reported, not hidden."""
     inst = schema.institutions
-    rows = await conn.execute(select(inst.c.org_code))
-    return [_s(r.org_code) for r in rows]
+    rows = await conn.execute(select(inst.c.org_code, inst.c.options))
+    out: dict[str, float] = {}
+    errors: list[str] = []
+    for r in rows:
+        org = _s(r.org_code)
+        try:
+            out[org] = calls_per_consent_from_options(org, r.options)
+        except ConfigError as exc:
+            out[org] = DEFAULT_CALLS_PER_CONSENT
+            errors.append(f"{exc}; its batch calls assume the default "
+                          f"{DEFAULT_CALLS_PER_CONSENT:g}")
+    return out, tuple(sorted(errors))
 
 
 async def _loads(
-    conn: AsyncConnection, start: date, end: date, counts: list[OutcomeDayCount],
+    conn: AsyncConnection, start: date, end: date, today: date,
+    counts: list[OutcomeDayCount], cpc: dict[str, float],
 ) -> tuple[DayLoad, ...]:
     pd_, ud = schema.plan_days, schema.usage_daily
     cells: dict[tuple[str, date], dict[str, Any]] = {}
@@ -242,17 +298,29 @@ async def _loads(
     for r in rows:
         cell(r.org_code, r.day)["actual_user_calls"] = int(r.user_calls)
     for c in counts:
+        done = cell(c.org_code, c.day)
+        done["calls_made"] = done.get("calls_made", 0) + c.calls
+        done["ran"] = True
         if c.action == DONE:
-            done = cell(c.org_code, c.day)
             done["batch_done"] = done.get("batch_done", 0) + c.count
     return tuple(
         DayLoad(org_code=org, day=day,
                 forecast_user_calls=v.get("forecast_user_calls"),
                 actual_user_calls=v.get("actual_user_calls"),
                 batch_quota=v.get("batch_quota"), batch_done=v.get("batch_done", 0),
-                capacity=v.get("capacity"), unplaceable=v.get("unplaceable", 0))
+                capacity=v.get("capacity"), unplaceable=v.get("unplaceable", 0),
+                batch_planned_calls=_planned_calls(v.get("batch_quota"), org, cpc),
+                batch_calls_made=v.get("calls_made", 0),
+                ran=v.get("ran", False) or day < today)
         for (org, day), v in sorted(cells.items())
     )
+
+
+def _planned_calls(quota: int | None, org: str, cpc: dict[str, float]) -> int | None:
+    # rounded per provider and day, as the planner's batch_calls column is
+    if quota is None:
+        return None
+    return round(quota * cpc.get(org, DEFAULT_CALLS_PER_CONSENT))
 
 
 async def _runs(conn: AsyncConnection, start: date, end: date) -> tuple[RunRow, ...]:

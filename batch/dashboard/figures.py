@@ -1,6 +1,8 @@
 """The numbers the dashboard derives from a snapshot: totals, flatness, progress, the JSON.
 
-Pure functions over :class:`~batch.dashboard.data.Snapshot`; no I/O, no clock.
+Pure functions over :class:`~batch.dashboard.data.Snapshot`; no I/O, no clock. Load and
+flatness are in API calls (user calls + batch consents x calls per consent), as the
+planner levels them; plan-vs-done progress is in consents, as the dispatcher counts them.
 """
 
 from __future__ import annotations
@@ -52,13 +54,17 @@ def day_loads(snap: Snapshot, org_code: str = ALL) -> list[DayLoad]:
             batch_done=sum(c.batch_done for c in cells),
             capacity=_sum_opt([c.capacity for c in cells]),
             unplaceable=sum(c.unplaceable for c in cells),
+            batch_planned_calls=_sum_opt([c.batch_planned_calls for c in cells]),
+            batch_calls_made=sum(c.batch_calls_made for c in cells),
+            ran=any(c.ran for c in cells),
         ))
     return out
 
 
 @dataclass(frozen=True, slots=True)
 class Flatness:
-    """How flat one provider's week is: user+batch peak-to-mean, planned vs a 1/7 split."""
+    """How flat one provider's week is in calls: the peak-to-mean of user + planned batch
+    calls, against the same batch calls split 1/7 a day."""
 
     org_code: str
     planned: float | None
@@ -75,10 +81,10 @@ class Flatness:
 
 def flatness(loads: Sequence[DayLoad]) -> Flatness:
     org = loads[0].org_code if loads else ALL
-    totals = [x.total for x in loads]
-    batch = sum(x.planned for x in loads)
+    totals = [x.total_planned_calls for x in loads]
+    batch = sum(x.planned_calls for x in loads)
     uniform = [x.user_calls + batch / len(loads) for x in loads] if loads else []
-    peak = max(loads, key=lambda x: x.total).day if any(totals) else None
+    peak = max(loads, key=lambda x: x.total_planned_calls).day if any(totals) else None
     return Flatness(org, peak_to_mean(totals), peak_to_mean(uniform), peak)
 
 
@@ -93,7 +99,7 @@ class Status(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Progress:
-    """Planned vs done for one provider on the focus day."""
+    """Planned vs done consents for one provider on the focus day."""
 
     org_code: str
     planned: int
@@ -113,7 +119,7 @@ def progress(snap: Snapshot) -> list[Progress]:
     for org in snap.providers:
         load = snap.load(org, snap.focus_day)
         exp = expected.get(org)
-        out.append(Progress(org, load.planned, load.batch_done, exp,
+        out.append(Progress(org, load.planned_consents, load.batch_done, exp,
                             _status(load, exp, snap.focus_day, snap.today)))
     return out
 
@@ -121,7 +127,7 @@ def progress(snap: Snapshot) -> list[Progress]:
 def _status(load: DayLoad, expected: int | None, day: date, today: date) -> Status:
     if load.batch_quota is None:
         return Status.NO_PLAN
-    if load.batch_done >= load.planned:
+    if load.batch_done >= load.planned_consents:
         return Status.COMPLETE
     if day < today:
         return Status.BEHIND
@@ -129,22 +135,35 @@ def _status(load: DayLoad, expected: int | None, day: date, today: date) -> Stat
         return Status.NOT_STARTED
     if expected is None:
         return Status.IN_PROGRESS
-    slack = max(1.0, BEHIND_TOLERANCE * load.planned)
+    slack = max(1.0, BEHIND_TOLERANCE * load.planned_consents)
     return Status.BEHIND if expected - load.batch_done > slack else Status.ON_TRACK
+
+
+#: the per-day keys of the JSON and the frame; the suffix says the unit
+DAY_KEYS = ("forecast_user_calls", "actual_user_calls", "user_calls",
+            "batch_planned_consents", "batch_planned_calls", "batch_done_consents",
+            "batch_actual_calls", "user_plus_batch_planned_calls",
+            "user_plus_batch_actual_calls", "unplaceable_consents")
+
+
+def day_record(x: DayLoad) -> dict[str, int | None]:
+    """One day's numbers under unit-named keys (``*_calls`` or ``*_consents``)."""
+    return {"forecast_user_calls": x.forecast_user_calls,
+            "actual_user_calls": x.actual_user_calls, "user_calls": x.user_calls,
+            "batch_planned_consents": x.batch_quota,
+            "batch_planned_calls": x.batch_planned_calls,
+            "batch_done_consents": x.batch_done,
+            "batch_actual_calls": x.batch_calls_made if x.ran else None,
+            "user_plus_batch_planned_calls": x.total_planned_calls,
+            "user_plus_batch_actual_calls": x.total_actual_calls,
+            "unplaceable_consents": x.unplaceable}
 
 
 def load_frame(snap: Snapshot) -> pd.DataFrame:
     """One row per provider and day, with the derived user, total and done columns."""
-    rows = [
-        {"org_code": org, "day": x.day, "forecast_user_calls": x.forecast_user_calls,
-         "actual_user_calls": x.actual_user_calls, "user_calls": x.user_calls,
-         "batch_quota": x.batch_quota, "batch_done": x.batch_done, "total": x.total,
-         "unplaceable": x.unplaceable}
-        for org in snap.providers for x in day_loads(snap, org)
-    ]
-    columns = ["org_code", "day", "forecast_user_calls", "actual_user_calls", "user_calls",
-               "batch_quota", "batch_done", "total", "unplaceable"]
-    return pd.DataFrame(rows, columns=columns)
+    rows = [{"org_code": org, "day": x.day, **day_record(x)}
+            for org in snap.providers for x in day_loads(snap, org)]
+    return pd.DataFrame(rows, columns=["org_code", "day", *DAY_KEYS])
 
 
 def _iso(value: date | datetime | None) -> str | None:
@@ -158,15 +177,12 @@ def _round(value: float | None) -> float | None:
 def summary(snap: Snapshot) -> dict[str, Any]:
     """The JSON document served at ``/api/summary.json`` (plain types only)."""
     def day_rows(org: str) -> list[dict[str, Any]]:
-        return [{"date": x.day.isoformat(), "forecast_user_calls": x.forecast_user_calls,
-                 "actual_user_calls": x.actual_user_calls, "user_calls": x.user_calls,
-                 "batch_quota": x.batch_quota, "batch_done": x.batch_done, "total": x.total,
-                 "unplaceable": x.unplaceable}
-                for x in day_loads(snap, org)]
+        return [{"date": x.day.isoformat(), **day_record(x)} for x in day_loads(snap, org)]
 
     def flat(org: str) -> dict[str, Any]:
         f = flatness(day_loads(snap, org))
-        return {"peak_to_mean": _round(f.planned), "uniform_peak_to_mean": _round(f.uniform),
+        return {"peak_to_mean_calls": _round(f.planned),
+                "uniform_peak_to_mean_calls": _round(f.uniform),
                 "peak_day": _iso(f.peak_day)}
 
     return {
@@ -175,13 +191,16 @@ def summary(snap: Snapshot) -> dict[str, Any]:
         "focus_day": snap.focus_day.isoformat(),
         "generated_at": snap.generated_at.isoformat(),
         "has_plan": snap.has_plan,
+        "config_errors": list(snap.config_errors),
         "providers": [
-            {"org_code": org, "days": day_rows(org), **flat(org)} for org in snap.providers
+            {"org_code": org, "calls_per_consent": snap.cpc(org), "days": day_rows(org),
+             **flat(org)} for org in snap.providers
         ],
         "total": {"days": day_rows(ALL), **flat(ALL)},
         "progress": [
-            {"org_code": p.org_code, "planned": p.planned, "done": p.done,
-             "expected_by_now": p.expected, "status": str(p.status)}
+            {"org_code": p.org_code, "planned_consents": p.planned,
+             "done_consents": p.done, "expected_by_now_consents": p.expected,
+             "status": str(p.status)}
             for p in progress(snap)
         ],
         "runs": [
@@ -195,8 +214,8 @@ def summary(snap: Snapshot) -> dict[str, Any]:
             for r in snap.runs
         ],
         "outcomes": [
-            {"org_code": o.org_code, "kind": o.kind, "action": o.action, "count": o.count,
-             "calls": o.calls}
+            {"org_code": o.org_code, "kind": o.kind, "action": o.action,
+             "refreshes": o.count, "calls": o.calls}
             for o in snap.outcomes
         ],
         "dead_letters_open": [
@@ -204,7 +223,8 @@ def summary(snap: Snapshot) -> dict[str, Any]:
             for g in snap.dead_letter_groups
         ],
         "unplaceable": [
-            {"org_code": x.org_code, "date": x.day.isoformat(), "unplaceable": x.unplaceable}
+            {"org_code": x.org_code, "date": x.day.isoformat(),
+             "unplaceable_consents": x.unplaceable}
             for x in snap.loads if x.unplaceable > 0
         ],
     }

@@ -55,6 +55,8 @@ th, td {{ padding: 3px 10px; border-bottom: 1px solid var(--line); text-align: l
   white-space: nowrap; }}
 th {{ font-weight: 600; color: #374151; background: #f9fafb; font-size: 12px; }}
 td.n, th.n {{ text-align: right; }}
+td.unit {{ color: var(--muted); font-size: 12px; padding-left: 0; }}
+tr.consents td {{ background: #fafaf9; }}
 td.muted, .muted {{ color: var(--muted); }}
 .today {{ background: #fff7ed; }}
 th.today {{ background: #fde7cf; }}
@@ -130,11 +132,12 @@ def _nice_ceiling(value: float) -> float:
 
 def bar_chart(loads: Sequence[DayLoad], *, today: date, title: str,
               width: int = 620, height: int = 220) -> str:
-    """Stacked bars per day: user calls, then planned batch, with batch done inside it."""
+    """Stacked bars per day, in API calls: user calls, then the planned batch calls, with
+    the batch calls actually made inside them."""
     left, right, top, bottom = 52, 76, 18, 34
     plot_w, plot_h = width - left - right, height - top - bottom
-    top_value = max([x.total for x in loads] + [x.user_calls + x.batch_done for x in loads]
-                    + [0])
+    top_value = max([x.total_planned_calls for x in loads]
+                    + [x.user_calls + x.batch_calls_made for x in loads] + [0])
     ymax = _nice_ceiling(top_value * 1.08)
     slot = plot_w / max(len(loads), 1)
     bar_w = slot * 0.62
@@ -154,10 +157,12 @@ def bar_chart(loads: Sequence[DayLoad], *, today: date, title: str,
     for i, x in enumerate(loads):
         x0 = left + i * slot + (slot - bar_w) / 2
         cx = x0 + bar_w / 2
-        user, planned, done = x.user_calls, x.planned, x.batch_done
+        user, planned, done = x.user_calls, x.planned_calls, x.batch_calls_made
         source = "actual" if x.actual_user_calls is not None else "forecast"
-        tip = (f"{day_label(x.day)}: user calls {num(user)} ({source}), batch planned "
-               f"{num(planned)}, batch done {num(done)}, user+batch {num(x.total)}")
+        tip = (f"{day_label(x.day)}: user calls {num(user)} ({source}); batch planned "
+               f"{num(x.planned_consents)} consents = {num(planned)} calls; batch done "
+               f"{num(x.batch_done)} consents, {num(done)} calls made; user + planned batch "
+               f"{num(x.total_planned_calls)} calls")
         parts.append(f"<g><title>{esc(tip)}</title>")
         if x.day == today:
             parts.append(f'<rect x="{left + i * slot:.1f}" y="{top}" width="{slot:.1f}" '
@@ -168,9 +173,9 @@ def bar_chart(loads: Sequence[DayLoad], *, today: date, title: str,
         inner = bar_w * 0.5
         parts.append(_rect(cx - inner / 2, y(user + done), inner, y(user) - y(user + done),
                            BATCH_DONE))
-        label_y = min(y(x.total), y(user + done)) - 4
+        label_y = min(y(x.total_planned_calls), y(user + done)) - 4
         parts.append(f'<text class="val" x="{cx:.1f}" y="{label_y:.1f}" '
-                     f'text-anchor="middle">{esc(num(x.total))}</text>')
+                     f'text-anchor="middle">{esc(num(x.total_planned_calls))}</text>')
         weight = ' font-weight="700"' if x.day == today else ""
         parts.append(f'<text x="{cx:.1f}" y="{height - bottom + 16}" text-anchor="middle"'
                      f"{weight}>{esc(day_label(x.day))}</text>")
@@ -178,7 +183,7 @@ def bar_chart(loads: Sequence[DayLoad], *, today: date, title: str,
             parts.append(f'<text x="{cx:.1f}" y="{height - 4}" text-anchor="middle" '
                          f'fill="{BAD}" font-weight="700">⚠ {esc(num(x.unplaceable))}</text>')
         parts.append("</g>")
-    totals = [x.total for x in loads]
+    totals = [x.total_planned_calls for x in loads]
     if loads and any(totals):
         mean = sum(totals) / len(totals)
         parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(mean):.1f}" '
@@ -186,6 +191,8 @@ def bar_chart(loads: Sequence[DayLoad], *, today: date, title: str,
                      f'stroke-width="1"><title>mean {esc(num(round(mean)))}</title></line>')
         parts.append(f'<text class="axis" x="{width - right + 4}" y="{y(mean) + 3:.1f}">'
                      f"mean {esc(short(mean))}</text>")
+    parts.append(f'<text class="axis" x="{left - 6}" y="{top - 6}" text-anchor="end">'
+                 "calls</text>")
     parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(0):.1f}" y2="{y(0):.1f}" '
                  'stroke="#9ca3af"/>')
     parts.append("</svg>")
@@ -199,38 +206,47 @@ def _rect(x: float, y: float, w: float, h: float, fill: str) -> str:
 
 
 def legend() -> str:
-    return (f'<div class="muted"><span class="swatch" style="background:{USER}"></span>user '
-            f'calls<span class="swatch" style="background:{BATCH_PLANNED}"></span>batch '
-            f'planned<span class="swatch" style="background:{BATCH_DONE}"></span>batch done '
-            '<span style="margin-left:12px">- - - mean of user+batch</span> · user calls are '
-            "actual where known, else the forecast; user+batch uses the planned batch</div>")
+    return (f'<div class="muted">Bars in API calls: <span class="swatch" '
+            f'style="background:{USER}"></span>user calls<span class="swatch" '
+            f'style="background:{BATCH_PLANNED}"></span>batch calls planned (consents × calls '
+            f'per consent)<span class="swatch" style="background:{BATCH_DONE}"></span>batch '
+            'calls made<span style="margin-left:12px">- - - mean of user + planned batch'
+            "</span> · user calls are actual where known, else the forecast</div>")
 
 
 def load_table(loads: Sequence[DayLoad], *, today: date, table_id: str) -> str:
-    """Rows per measure, columns per day, and the week's total."""
+    """Rows per measure with their unit (calls or consents), columns per day, the week."""
     def cls(day: date) -> str:
         return ' class="n today"' if day == today else ' class="n"'
 
     head = "".join(f'<th{cls(x.day)}>{esc(day_label(x.day))}</th>' for x in loads)
-    rows: list[tuple[str, list[int | None], bool]] = [
-        ("User calls, forecast", [x.forecast_user_calls for x in loads], False),
-        ("User calls, actual", [x.actual_user_calls for x in loads], False),
-        ("Batch planned", [x.batch_quota for x in loads], False),
-        ("Batch done", [x.batch_done for x in loads], False),
-        ("User + batch", [x.total for x in loads], True),
+    calls, consents = "calls", "consents"
+    rows: list[tuple[str, str, list[int | None], bool]] = [
+        ("User calls, forecast", calls, [x.forecast_user_calls for x in loads], False),
+        ("User calls, actual", calls, [x.actual_user_calls for x in loads], False),
+        ("Batch planned", consents, [x.batch_quota for x in loads], False),
+        ("Batch planned", calls, [x.batch_planned_calls for x in loads], False),
+        ("Batch done", consents, [x.batch_done for x in loads], False),
+        ("Batch calls made", calls, [x.batch_calls_made if x.ran else None for x in loads],
+         False),
+        ("User + batch, planned", calls, [x.total_planned_calls for x in loads], True),
+        ("User + batch, actual", calls, [x.total_actual_calls for x in loads], True),
     ]
     if any(x.unplaceable for x in loads):
-        rows.append(("Unplaceable", [x.unplaceable for x in loads], False))
+        rows.append(("Unplaceable", consents, [x.unplaceable for x in loads], False))
     body = []
-    for name, values, total in rows:
+    for name, unit, values, total in rows:
         known = [v for v in values if v is not None]
         week = sum(known) if known else None
         cells = "".join(
             f"<td{cls(x.day)}>{_cell(name, v)}</td>" for x, v in zip(loads, values, strict=True))
-        body.append(f'<tr{" class=total" if total else ""}><td>{esc(name)}</td>{cells}'
+        classes = " ".join(c for c in ("total" if total else "",
+                                       "consents" if unit == consents else "") if c)
+        attr = f' class="{classes}"' if classes else ""
+        body.append(f'<tr{attr}><td>{esc(name)}</td><td class="unit">{esc(unit)}</td>{cells}'
                     f'<td class="n">{_cell(name, week)}</td></tr>')
-    return (f'<div class="scroll"><table id="{esc(table_id)}"><thead><tr><th></th>{head}'
-            '<th class="n">Week</th></tr></thead>'
+    return (f'<div class="scroll"><table id="{esc(table_id)}"><thead><tr><th></th>'
+            f'<th class="unit">unit</th>{head}<th class="n">Week</th></tr></thead>'
             f"<tbody>{''.join(body)}</tbody></table></div>")
 
 
@@ -252,8 +268,8 @@ def flatness_table(rows: Iterable[Flatness]) -> str:
         body.append(f"<tr{cls}><td>{esc(label)}</td><td class=n>{esc(ratio(f.planned))}</td>"
                     f"<td class=n>{esc(ratio(f.uniform))}</td><td>{esc(peak)}</td>"
                     f"<td class=n>{esc(note)}</td></tr>")
-    return ('<table id="flatness"><thead><tr><th>Provider</th><th class=n>Peak/mean, plan</th>'
-            "<th class=n>Peak/mean, uniform 1/7</th><th>Peak day</th>"
+    return ('<table id="flatness"><thead><tr><th>Provider</th><th class=n>Peak/mean, plan'
+            "</th><th class=n>Peak/mean, uniform 1/7</th><th>Peak day</th>"
             "<th class=n>Plan's peak vs uniform</th></tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table>")
 
@@ -278,8 +294,9 @@ def progress_table(rows: Sequence[Progress]) -> str:
             f'<td><span class="pill {STATUS_PILL[p.status]}">{esc(marker)}</span></td></tr>')
     if not body:
         return '<p class="muted">No providers.</p>'
-    return ('<table id="progress-table"><thead><tr><th>Provider</th><th class=n>Planned</th>'
-            "<th class=n>Expected by now</th><th class=n>Done</th><th>Progress</th>"
+    return ('<table id="progress-table"><thead><tr><th>Provider</th>'
+            "<th class=n>Planned, consents</th><th class=n>Expected by now, consents</th>"
+            "<th class=n>Done, consents</th><th>Progress</th>"
             f"<th>Status</th></tr></thead><tbody>{''.join(body)}</tbody></table>")
 
 
@@ -380,8 +397,9 @@ def capacity_html(snap: Snapshot) -> str:
     return ('<p class="bad-text">Planned refreshes that do not fit the provider\'s windows '
             "and rate limit on that day: widen the windows, raise the limit or expect them to "
             "slip.</p>"
-            "<table><thead><tr><th>Provider</th><th>Day</th><th class=n>Unplaceable</th>"
-            "<th class=n>Capacity</th><th class=n>Planned</th></tr></thead>"
+            "<table><thead><tr><th>Provider</th><th>Day</th>"
+            "<th class=n>Unplaceable, consents</th><th class=n>Capacity, consents</th>"
+            "<th class=n>Planned, consents</th></tr></thead>"
             f"<tbody>{body}</tbody></table>")
 
 
@@ -413,6 +431,9 @@ def header(snap: Snapshot, rows: Sequence[Progress], *, refresh_seconds: int | N
     unplaceable = sum(x.unplaceable for x in snap.loads)
     if unplaceable:
         alerts.append(f'<span class="pill bad">{esc(num(unplaceable))} unplaceable</span>')
+    if snap.config_errors:
+        alerts.append(f'<span class="pill bad">⚠ {len(snap.config_errors)} institution '
+                      "options refused</span>")
     refresh = f" · refreshes every {refresh_seconds} s" if refresh_seconds else ""
     nav = week_links(snap) if live else ""
     return (f"<header><h1>mydata-batch</h1><span class=week>{esc(week)}</span>{nav}"
@@ -437,6 +458,16 @@ def empty_notice(snap: Snapshot) -> str:
             f"<code>mydata-batch run</code> each night.{first}</div>")
 
 
+def config_notice(snap: Snapshot) -> str:
+    """Institutions whose options the planner would refuse: their calls are a guess."""
+    if not snap.config_errors:
+        return ""
+    items = "".join(f"<li>{esc(e)}</li>" for e in snap.config_errors)
+    return (f'<div class="notice"><strong class="bad-text">Institution options the planner '
+            f"refuses</strong><ul>{items}</ul>Fix them with <code>mydata-batch load "
+            "institutions FILE.toml</code>.</div>")
+
+
 def render_page(snap: Snapshot, *, refresh_seconds: int | None = None,
                 live: bool = False) -> str:
     """The whole page; ``refresh_seconds`` adds a meta refresh, ``live`` week links (both
@@ -459,6 +490,7 @@ def render_page(snap: Snapshot, *, refresh_seconds: int | None = None,
         header(snap, rows, refresh_seconds=refresh_seconds, live=live),
         "<main>",
         empty_notice(snap),
+        config_notice(snap),
     ]
     if snap.providers:
         parts += [
@@ -474,7 +506,8 @@ def render_page(snap: Snapshot, *, refresh_seconds: int | None = None,
             bar_chart(total, today=snap.today, title="User and batch calls per day, all "
                       "providers", width=900, height=260),
             load_table(total, today=snap.today, table_id="load-all"),
-            "<h3>Flatness of user + batch (peak ÷ mean over the week; 1.00 is flat)</h3>",
+            "<h3>Flatness of user + planned batch, in calls (peak ÷ mean over the week; "
+            "1.00 is flat; the same figure as <code>mydata-batch plan</code>'s peak/mean)</h3>",
             flatness_table([flatness(total)]
                            + [flatness(day_loads(snap, org)) for org in snap.providers]),
             "</section>",
@@ -483,14 +516,18 @@ def render_page(snap: Snapshot, *, refresh_seconds: int | None = None,
         ]
         for org in snap.providers:
             loads = day_loads(snap, org)
-            parts += [f"<details open><summary>{esc(org)}</summary>",
+            cpc = snap.cpc(org)
+            per = "" if cpc is None else f" · {cpc:g} calls per consent"
+            parts += [f"<details open><summary>{esc(org)}"
+                      f'<span class="muted" style="font-weight:400">{esc(per)}</span>'
+                      "</summary>",
                       bar_chart(loads, today=snap.today, title=f"{org}: user and batch calls "
                                 "per day"),
                       load_table(loads, today=snap.today, table_id=f"load-{org}"),
                       "</details>"]
         parts += ["</div></section>"]
     parts += [
-        '<section id="health"><h2>Run health</h2><h3>Latest runs</h3>',
+        '<section id="health"><h2>Run health</h2><h3>Latest runs (counts in consents)</h3>',
         runs_table(snap.runs, snap.generated_at),
         f"<h3>Outcomes on {esc(day_label(snap.focus_day))}, by kind and action</h3>",
         outcomes_table(snap),

@@ -22,13 +22,16 @@ ACCESS = "ACCESS-TOKEN-zq81xk-DO-NOT-SHOW"
 REFRESH = "REFRESH-TOKEN-pw72vy-DO-NOT-SHOW"
 EVIL = "<script>alert('x')</script>"
 
-# per provider and day (Sun..Sat): forecast user calls and the batch quota
+# calls per consent: BANK the planner's default (3), CARD 2 from its options
+CPC = {BANK: 3, CARD: 2}
+# per provider and day (Sun..Sat): forecast user calls and the batch quota (consents)
 FORECAST = {BANK: [11_000, 21_000, 31_000, 41_000, 51_000, 61_000, 71_000],
             CARD: [1_200, 2_200, 3_200, 4_200, 5_200, 6_200, 7_200]}
 QUOTA = {BANK: [9_000, 8_000, 7_000, 6_000, 5_000, 4_000, 3_000],
          CARD: [300, 300, 300, 300, 300, 300, 1_500]}
 ACTUAL = {BANK: {0: 12_345, 1: 22_222}}  # usage known for Sunday and Monday only
-DONE = {(BANK, 0): 4, (BANK, 1): 3, (BANK, 2): 1, (CARD, 2): 2}
+DONE = {(BANK, 0): 4, (BANK, 1): 3, (BANK, 2): 1, (CARD, 2): 2}  # 3 calls each
+# plus 5 retry_later outcomes of 2 calls each for BANK today
 UNPLACEABLE = {(CARD, 6): 777}
 MINUTES = ((30, 1_000), (100, 1_000), (180, 1_500), (181, 2_000), (300, 1_500))
 
@@ -50,8 +53,9 @@ async def populate(engine: AsyncEngine) -> None:
         await conn.execute(insert(schema.institutions), [
             {"org_code": org, "industry": ind, "base_url": "http://127.0.0.1:9001",
              "windows": '["0030:0530"]', "calls_per_second": 50, "max_concurrency": 20,
-             "updated_at": stamp}
-            for org, ind in ((BANK, "bank"), (CARD, "card"))])
+             "options": options, "updated_at": stamp}
+            for org, ind, options in ((BANK, "bank", "{}"),
+                                      (CARD, "card", '{"calls_per_consent": 2}'))])
         await conn.execute(insert(schema.consents), [
             {"user_id": f"user{i}", "org_code": org, "access_token": f"{ACCESS}-{i}",
              "refresh_token": f"{REFRESH}-{i}", "consented_at": stamp, "due_week": WEEK,
@@ -140,8 +144,9 @@ class Tables(HTMLParser):
         if self._cell is not None:
             self._cell.append(data)
 
-    def row(self, table: str, name: str) -> list[str]:
+    def row(self, table: str, name: str, unit: str | None = None) -> list[str]:
+        """The cells after the row's name, or after its name and ``unit`` when given."""
         for r in self.tables[table]:
-            if r and r[0] == name:
-                return r[1:]
-        raise KeyError(f"{name!r} not in table {table!r}")
+            if r and r[0] == name and (unit is None or r[1:2] == [unit]):
+                return r[1:] if unit is None else r[2:]
+        raise KeyError(f"{name!r} ({unit}) not in table {table!r}")

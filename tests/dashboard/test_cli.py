@@ -18,7 +18,8 @@ def test_cli_writes_the_page_and_prints_its_path(week: Week, db_url: str,
     assert result.exit_code == 0, result.output
     assert result.output.strip() == str(out)
     page = out.read_text(encoding="utf-8")
-    assert Tables(page).row(f"load-{BANK}", "Batch planned")[:3] == ["9,000", "8,000", "7,000"]
+    assert Tables(page).row(f"load-{BANK}", "Batch planned", "consents")[:3] == [
+        "9,000", "8,000", "7,000"]
     assert ACCESS not in page
     assert not list(tmp_path.glob(".*.tmp"))  # written atomically, nothing left behind
 

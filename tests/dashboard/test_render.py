@@ -7,12 +7,14 @@ import re
 from datetime import timedelta
 from pathlib import Path
 
+from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.dashboard.data import load_snapshot
 from batch.dashboard.figures import summary
 from batch.dashboard.page import write_dashboard
 from batch.dashboard.render import num, render_page
+from batch.db import schema
 from tests.dashboard.conftest import ACCESS, BANK, CARD, EVIL, NOW, REFRESH, WEEK, Tables, Week
 
 
@@ -23,35 +25,53 @@ async def page_for(week: Week) -> str:
 async def test_each_days_numbers_sit_in_that_days_column(week: Week) -> None:
     tables = Tables(await page_for(week))
     head = tables.tables[f"load-{BANK}"][0]
-    assert head[1:] == ["Sun 11-29", "Mon 11-30", "Tue 12-01", "Wed 12-02", "Thu 12-03",
+    assert head[1:] == ["unit", "Sun 11-29", "Mon 11-30", "Tue 12-01", "Wed 12-02", "Thu 12-03",
                         "Fri 12-04", "Sat 12-05", "Week"]
-    assert tables.row(f"load-{BANK}", "User calls, forecast") == [
+    bank = f"load-{BANK}"
+    assert tables.row(bank, "User calls, forecast", "calls") == [
         "11,000", "21,000", "31,000", "41,000", "51,000", "61,000", "71,000", "287,000"]
-    assert tables.row(f"load-{BANK}", "User calls, actual") == [
+    assert tables.row(bank, "User calls, actual", "calls") == [
         "12,345", "22,222", "—", "—", "—", "—", "—", "34,567"]
-    assert tables.row(f"load-{BANK}", "Batch planned") == [
+    assert tables.row(bank, "Batch planned", "consents") == [
         "9,000", "8,000", "7,000", "6,000", "5,000", "4,000", "3,000", "42,000"]
-    assert tables.row(f"load-{BANK}", "Batch done") == ["4", "3", "1", "0", "0", "0", "0", "8"]
-    assert tables.row(f"load-{BANK}", "User + batch") == [
-        "21,345", "30,222", "38,000", "47,000", "56,000", "65,000", "74,000", "331,567"]
-    assert tables.row(f"load-{CARD}", "Unplaceable") == ["0"] * 6 + ["777", "777"]
-    assert tables.row("load-all", "User + batch") == [
-        "22,845", "32,722", "41,500", "51,500", "61,500", "71,500", "82,700", "364,267"]
+    assert tables.row(bank, "Batch planned", "calls") == [
+        "27,000", "24,000", "21,000", "18,000", "15,000", "12,000", "9,000", "126,000"]
+    assert tables.row(bank, "Batch done", "consents") == [
+        "4", "3", "1", "0", "0", "0", "0", "8"]
+    assert tables.row(bank, "Batch calls made", "calls") == [
+        "12", "9", "13", "—", "—", "—", "—", "34"]
+    assert tables.row(bank, "User + batch, planned", "calls") == [
+        "39,345", "46,222", "52,000", "59,000", "66,000", "73,000", "80,000", "415,567"]
+    assert tables.row(bank, "User + batch, actual", "calls") == [
+        "12,357", "22,231", "31,013", "—", "—", "—", "—", "65,601"]
+    assert tables.row(f"load-{CARD}", "Unplaceable", "consents") == ["0"] * 6 + ["777", "777"]
+    assert tables.row("load-all", "User + batch, planned", "calls") == [
+        "41,145", "49,022", "55,800", "63,800", "71,800", "79,800", "90,200", "451,567"]
 
 
-async def test_flatness_table_shows_plan_and_uniform_ratios(week: Week) -> None:
+async def test_every_load_row_names_its_unit(week: Week) -> None:
     tables = Tables(await page_for(week))
-    # CARD: totals 1,500..8,700 (mean 4,671.43); uniform: users + 3,300/7 a day
+    for table in ("load-all", f"load-{BANK}", f"load-{CARD}"):
+        units = {r[1] for r in tables.tables[table][1:]}
+        assert units == {"calls", "consents"}, table
+
+
+async def test_flatness_table_shows_plan_and_uniform_ratios_in_calls(week: Week) -> None:
+    tables = Tables(await page_for(week))
+    # CARD at 2 calls per consent: user + batch calls 1,800..6,800 and 10,200 (mean
+    # 36,000/7); uniform: users + 6,600/7 batch calls a day
     card = tables.row("flatness", CARD)
-    assert card[0] == f"{8_700 / (32_700 / 7):.2f}×"
-    assert card[1] == f"{(7_200 + 3_300 / 7) / (32_700 / 7):.2f}×"
+    assert card[0] == f"{10_200 / (36_000 / 7):.2f}×"
+    assert card[1] == f"{(7_200 + 6_600 / 7) / (36_000 / 7):.2f}×"
     assert card[2] == "Sat 12-05"
-    assert card[3] == "13.4 % higher"  # this fixture's plan is worse than a 1/7 split
+    assert card[3] == "25.3 % higher"  # this fixture's plan is worse than a 1/7 split
 
 
 async def test_today_shows_behind_plan_and_the_header_says_so(week: Week) -> None:
     page = await page_for(week)
     tables = Tables(page)
+    assert tables.tables["progress-table"][0][1:4] == [
+        "Planned, consents", "Expected by now, consents", "Done, consents"]
     assert tables.row("progress-table", BANK)[:3] == ["7,000", "3,500", "1"]
     assert "behind plan" in tables.row("progress-table", BANK)[-1]
     assert "in progress" in tables.row("progress-table", CARD)[-1]
@@ -105,8 +125,8 @@ def test_numbers_have_thousands_separators() -> None:
 async def test_write_dashboard_writes_the_page_for_the_demo(week: Week, tmp_path: Path) -> None:
     out = await write_dashboard(week.engine, tmp_path / "d.html", now=NOW)
     assert out == tmp_path / "d.html"
-    assert Tables(out.read_text(encoding="utf-8")).row(f"load-{CARD}", "Batch planned")[-2:] \
-        == ["1,500", "3,300"]
+    assert Tables(out.read_text(encoding="utf-8")).row(
+        f"load-{CARD}", "Batch planned", "consents")[-2:] == ["1,500", "3,300"]
 
 
 async def test_a_running_run_without_news_for_hours_is_flagged_stale(week: Week) -> None:
@@ -116,3 +136,15 @@ async def test_a_running_run_without_news_for_hours_is_flagged_stale(week: Week)
     assert "stale" not in fresh
     # run-2 started 01:00 KST on Tuesday and never finished; at 13:00 it is 12 h old
     assert "running, stale 12 h" in late.split("</header>")[0]
+
+
+async def test_options_the_planner_refuses_are_flagged_on_the_page(week: Week) -> None:
+    async with week.engine.begin() as conn:
+        await conn.execute(update(schema.institutions)
+                           .where(schema.institutions.c.org_code == CARD)
+                           .values(options="not json"))
+    page = await page_for(week)
+    assert "1 institution options refused" in page.split("</header>")[0]
+    assert f"institution {CARD}: options are not JSON" in page
+    # its batch calls assume the default 3 calls per consent: 300 consents, 900 calls
+    assert Tables(page).row(f"load-{CARD}", "Batch planned", "calls")[0] == "900"

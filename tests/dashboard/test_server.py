@@ -39,13 +39,15 @@ async def test_server_binds_loopback_by_default_and_serves_page_and_json(week: W
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert page.headers["content-security-policy"].startswith("default-src 'none'")
     assert '<meta http-equiv="refresh" content="7">' in page.text
-    assert Tables(page.text).row(f"load-{BANK}", "Batch done")[:3] == ["4", "3", "1"]
+    assert Tables(page.text).row(f"load-{BANK}", "Batch done", "consents")[:3] == ["4", "3", "1"]
     assert doc.status_code == 200 and doc.headers["content-type"].startswith("application/json")
     data = doc.json()
     assert data["week_start"] == "2026-11-29"
     bank = next(p for p in data["providers"] if p["org_code"] == BANK)
-    assert [d["batch_done"] for d in bank["days"]] == [4, 3, 1, 0, 0, 0, 0]
-    assert [d["total"] for d in bank["days"]][:2] == [21_345, 30_222]
+    assert [d["batch_done_consents"] for d in bank["days"]] == [4, 3, 1, 0, 0, 0, 0]
+    assert [d["batch_planned_calls"] for d in bank["days"]][:2] == [27_000, 24_000]
+    assert [d["user_plus_batch_planned_calls"] for d in bank["days"]][:2] == [39_345, 46_222]
+    assert bank["calls_per_consent"] == 3.0
     assert {p["org_code"]: p["status"] for p in data["progress"]}[BANK] == "behind plan"
     for text in (page.text, doc.text):
         assert ACCESS not in text and REFRESH not in text
@@ -130,7 +132,7 @@ async def test_snapshots_are_reused_for_cache_seconds_then_reread(week: Week) ->
 
     async def done_today(client: httpx.AsyncClient) -> int:
         doc = (await client.get("/api/summary.json")).json()
-        return int(doc["total"]["days"][2]["batch_done"])
+        return int(doc["total"]["days"][2]["batch_done_consents"])
 
     try:
         async with httpx.AsyncClient(base_url=running.url, timeout=10) as client:
