@@ -101,7 +101,7 @@ class ProviderDispatcher:
         self._rate = 0.0  # refreshes per second in the current minute, for the producer
         self._claiming = True
         self._nudge = asyncio.Event()  # wakes the producer when the rate changes
-        writer.on_written.append(self._written)
+        writer.watch(org_code, self._held.discard)
 
     # -- quota bookkeeping -------------------------------------------------------------
 
@@ -161,11 +161,6 @@ class ProviderDispatcher:
             except TimeoutError:
                 pass
             self._nudge.clear()
-
-    def _written(self, records: Sequence[work.Record]) -> None:
-        for r in records:
-            if r.org_code == self.org_code:
-                self._held.discard(r.consent_id)
 
     async def _renew(self) -> None:
         """Heartbeat: keep the leases of everything we hold, so no one else takes it."""

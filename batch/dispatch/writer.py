@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import date
 
 from batch.clock import Clock
@@ -39,8 +39,8 @@ class OutcomeWriter:
         self._interval = interval
         self._max_batch = max_batch
         self._buffer: list[Record] = []
-        #: called with each batch once it is durably written
-        self.on_written: list[Callable[[Sequence[Record]], None]] = []
+        #: per provider, called with each consent id once its outcome is durably written
+        self._watchers: dict[str, Callable[[int], None]] = {}
         self._wake = asyncio.Event()
         self._closing = False
         self._stopped = asyncio.Event()
@@ -49,6 +49,10 @@ class OutcomeWriter:
         self.failures = 0
         self.healthy = True
         self.last_error: str | None = None
+
+    def watch(self, org_code: str, written: Callable[[int], None]) -> None:
+        """Call ``written(consent_id)`` for each of ``org_code``'s outcomes once written."""
+        self._watchers[org_code] = written
 
     @property
     def pending(self) -> int:
@@ -77,8 +81,11 @@ class OutcomeWriter:
             del self._buffer[: len(batch)]
             self.written += len(batch)
             self.healthy = True
-            for callback in self.on_written:
-                callback(batch)
+            if self._watchers:
+                for r in batch:
+                    watcher = self._watchers.get(r.org_code)
+                    if watcher is not None:
+                        watcher(r.consent_id)
         return True
 
     async def run(self) -> None:

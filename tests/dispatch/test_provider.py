@@ -196,3 +196,27 @@ async def test_leases_are_renewed_while_a_refresh_is_in_flight_so_it_is_never_ta
     assert sorted(started) == [1, 2, 3, 4, 5]
     assert all(c.unknown_attempts == 0 for c in store.consents.values())
     assert d.stats.succeeded == 5
+
+
+async def test_a_consent_due_again_after_a_failure_is_claimed_again_the_same_day() -> None:
+    clock = FakeClock(datetime(2026, 11, 30, 0, 59, 0, tzinfo=KST))
+    store = MemoryWorkStore()
+    store.add(ORG, 1, week=WEEK, not_before=clock.now() - timedelta(days=1))
+    answers = [Outcome(Kind.FAULT, "50001", 500, retryable=True), OK]
+    seen: list[float] = []
+
+    async def flaky(claim: Claim, not_after: float | None) -> RefreshResult:
+        seen.append(clock.monotonic())
+        return RefreshResult(answers[len(seen) - 1], calls=1)
+
+    writer = OutcomeWriter(store, run_id="r1", worker="w1", day=DAY, clock=clock)
+    d = ProviderDispatcher(
+        ORG, store=store, refresh=flaky, writer=writer, clock=clock,
+        settings=DispatchSettings(worker_id="w1"),
+        policy=RetryPolicy(base_delay=timedelta(seconds=30)), day=DAY, week=WEEK, quota=2,
+        minutes={60: 1, 61: 1, 62: 0, 63: 0}, per_minute_cap=1000,
+        window_minutes=[60, 61, 62, 63],
+    )
+    await _run(clock, d, writer, 300)
+    assert len(seen) == 2 and seen[1] - seen[0] >= 30
+    assert store.consents[1].due_week == WEEK + timedelta(days=7)
