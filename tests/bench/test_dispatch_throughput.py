@@ -290,12 +290,17 @@ def test_dispatch_throughput_lateness_and_plan_error(
     per_provider = math.ceil(OVERLOAD * base_rate * 60 / CALLS_PER_REFRESH / PROVIDERS)
     sat_plan = {FIRST_MINUTE: per_provider}
     sat: dict[str, RunFigures] = {}
+    problems: list[str] = []  # checked after the table is printed
     for backend in SAT_BACKENDS:
         fig = asyncio.run(_run(fresh_db(backend), insts, sat_plan))
         stats = sim.stats()
         sim.reset()
-        assert fig.summary["totals"]["succeeded"] == per_provider * PROVIDERS, fig.summary
-        assert stats["total"]["calls"] == fig.calls
+        totals = fig.summary["totals"]
+        # saturated: what could not be started in the minute is deferred, never failed
+        problems += [f"{backend} saturation: {totals}"] if totals["failed"] or \
+            totals["succeeded"] != totals["attempted"] else []
+        problems += [f"{backend}: simulator saw {stats['total']['calls']} calls, run counted "
+                     f"{fig.calls}"] if stats["total"]["calls"] != fig.calls else []
         sat[backend] = fig
 
     # (c)+(d) paced at 500 calls/s ----------------------------------------------------
@@ -306,8 +311,10 @@ def test_dispatch_throughput_lateness_and_plan_error(
         fig = asyncio.run(_run(fresh_db(backend), insts, paced_plan))
         stats = sim.stats()
         sim.reset()
-        assert fig.summary["totals"]["succeeded"] == per_minute * PACED_MINUTES * PROVIDERS
         paced[backend] = (fig, stats)
+        totals = fig.summary["totals"]
+        problems += [f"{backend} paced: {totals}"] if totals["failed"] or totals["deferred"] \
+            or totals["succeeded"] != totals["attempted"] else []
 
     # the table -------------------------------------------------------------------------
     print(f"\n== dispatch benchmark: {PROVIDERS} bank providers on one simulator process "
@@ -320,11 +327,15 @@ def test_dispatch_throughput_lateness_and_plan_error(
     print(f"(b) run_day, full chain + claims + batched writes, plan {per_provider:,} "
           f"refreshes/provider in one minute ({OVERLOAD:g}x the baseline):")
     print(f"    {'backend':<11}{'calls':>9}{'seconds':>9}{'calls/s':>10}{'vs bare':>9}"
-          f"{'late p50':>10}{'p99 ms':>8}{'missed':>8}")
+          f"{'done':>9}{'deferred':>9}{'late p50':>10}{'p99 ms':>8}{'missed':>8}")
     for backend, fig in sat.items():
+        t = fig.summary["totals"]
         print(f"    {backend:<11}{fig.calls:>9,}{fig.seconds:>9.1f}"
               f"{fig.calls_per_second:>10,.0f}{fig.calls_per_second / base_rate:>9.2f}"
+              f"{t['succeeded']:>9,}{t['deferred']:>9,}"
               f"{fig.lateness_ms[0]:>10.2f}{fig.lateness_ms[1]:>8.2f}{fig.missed:>8}")
+    print("    (saturated: the minute offered more than the loop could start; what was not "
+          "started is deferred, as a real run would)")
     print(f"(c) run_day paced at {PACED_CALLS_PER_SECOND} calls/s planned "
           f"({per_minute:,} refreshes/provider/minute x {PROVIDERS} x {CALLS_PER_REFRESH} "
           f"calls, {PACED_MINUTES} minutes):")
@@ -348,4 +359,4 @@ def test_dispatch_throughput_lateness_and_plan_error(
                               for m, n in paced_plan.items())
             extra = {m: v for m, v in per_min.items() if m not in paced_plan}
             print(f"      {org}  {cells}" + (f"  (other minutes {extra})" if extra else ""))
-
+    assert not problems, problems
