@@ -91,10 +91,11 @@ async def _generate(engine: AsyncEngine) -> dict[str, float]:
             " max_concurrency, options, updated_at) SELECT 'PROV' || lpad(i::text, 6, '0'),"
             " 'bank', 'http://127.0.0.1:9', '[\"0000:0600\"]', 100, 20, '{}', now()"
             f" FROM generate_series(0, {PROVIDERS - 1}) AS i")
-        # Bulk load without the indexes and the foreign key, then build them once.
+        # Bulk load without the secondary indexes and the foreign key, then build them once
+        # (the primary key stays: ids arrive in order, and dead_letters refers to it).
         await conn.exec_driver_sql(
             "ALTER TABLE consents DROP CONSTRAINT consents_org_code_fkey, "
-            "DROP CONSTRAINT consents_user_id_org_code_key, DROP CONSTRAINT consents_pkey")
+            "DROP CONSTRAINT consents_user_id_org_code_key")
         await conn.exec_driver_sql("DROP INDEX consents_due_idx")
         await conn.exec_driver_sql("DROP INDEX consents_lease_idx")
     t = time.perf_counter()
@@ -105,7 +106,6 @@ async def _generate(engine: AsyncEngine) -> dict[str, float]:
     t = time.perf_counter()
     async with engine.begin() as conn:
         await conn.exec_driver_sql("SET LOCAL maintenance_work_mem = '1GB'")
-        await conn.exec_driver_sql("ALTER TABLE consents ADD PRIMARY KEY (id)")
         await conn.exec_driver_sql(
             "ALTER TABLE consents ADD CONSTRAINT consents_user_id_org_code_key "
             "UNIQUE (user_id, org_code)")
