@@ -131,10 +131,13 @@ async def init_db(engine: AsyncEngine) -> int:
         return schema.SCHEMA_VERSION
     async with transaction(engine) as conn:
         await conn.run_sync(schema.metadata.create_all)
-        have = (await conn.execute(select(schema.schema_migrations.c.version))).scalars().all()
-        if schema.SCHEMA_VERSION not in have:
-            await conn.execute(insert(schema.schema_migrations).values(
-                version=schema.SCHEMA_VERSION))
+        # The SQLite twin of sql/002_hot_leases.sql for files made by version 1.
+        await conn.exec_driver_sql("DROP INDEX IF EXISTS consents_lease_idx")
+        have = set((await conn.execute(select(schema.schema_migrations.c.version))
+                    ).scalars().all())
+        for version in range(1, schema.SCHEMA_VERSION + 1):
+            if version not in have:
+                await conn.execute(insert(schema.schema_migrations).values(version=version))
     return schema.SCHEMA_VERSION
 
 

@@ -30,3 +30,21 @@ async def test_due_index_exists(engine: AsyncEngine) -> None:
     async with engine.connect() as conn:
         idx = await conn.run_sync(lambda c: {i["name"] for i in inspect(c).get_indexes("consents")})
     assert "consents_due_idx" in idx
+
+
+async def test_no_index_covers_the_lease_columns_so_claims_stay_hot_updates(
+    engine: AsyncEngine,
+) -> None:
+    async with engine.connect() as conn:
+        indexes = await conn.run_sync(lambda c: inspect(c).get_indexes("consents"))
+    leased = {"lease_owner", "lease_until", "unknown_attempts"}
+    assert not [i["name"] for i in indexes if leased & set(i["column_names"])]
+
+
+async def test_every_schema_version_is_recorded(engine: AsyncEngine) -> None:
+    from sqlalchemy import select
+
+    async with engine.connect() as conn:
+        versions = (await conn.execute(select(schema.schema_migrations.c.version))
+                    ).scalars().all()
+    assert sorted(versions) == list(range(1, schema.SCHEMA_VERSION + 1))
