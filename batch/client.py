@@ -84,7 +84,11 @@ class _NoCookies(httpx.Cookies):
 
 
 class _BatchHttpClient(httpx.AsyncClient):
-    """httpx.AsyncClient that never stores or sends cookies."""
+    """httpx.AsyncClient that never stores or sends cookies, and offers its transport."""
+
+    def __init__(self, *, transport: httpx.AsyncBaseTransport, **kwargs: Any) -> None:
+        super().__init__(transport=transport, **kwargs)
+        self.batch_transport = transport
 
     @property
     def cookies(self) -> httpx.Cookies:
@@ -128,6 +132,12 @@ class MydataClient:
         self.provider = provider
         self.routes: IndustryRoutes = ROUTES[provider.industry]
         self._http = http
+        # Our own client (make_http_client) is sent to through its transport directly: it
+        # has no auth, redirects, cookies or hooks to apply, and httpx's client layer costs
+        # a third of the calls/s (measured: 0.29x vs 0.44x of a bare aiohttp loop).
+        transport = getattr(http, "batch_transport", None)
+        self._send: Callable[[httpx.Request], Awaitable[httpx.Response]] = (
+            transport.handle_async_request if transport is not None else http.send)
         self._chain = chain
         self._tran_ids = tran_ids
         self._clock = clock
@@ -153,12 +163,17 @@ class MydataClient:
             "x-api-type": API_TYPE,
         }
         connect = min(self.provider.connect_timeout, timeout)
+        request = httpx.Request(
+            method, self._base + path, params=params, json=body, headers=headers,
+            extensions={"timeout": httpx.Timeout(timeout, connect=connect).as_dict()},
+        )
         t0 = self._clock.monotonic()
         try:
-            resp = await self._http.request(
-                method, self._base + path, params=params, json=body, headers=headers,
-                timeout=httpx.Timeout(timeout, connect=connect),
-            )
+            resp = await self._send(request)
+            try:
+                await resp.aread()
+            finally:
+                await resp.aclose()
         except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
             return timed_out(type(exc).__name__, elapsed=self._clock.monotonic() - t0
                              ).with_(tran_id=tran_id)

@@ -97,7 +97,6 @@ async def _generate(engine: AsyncEngine) -> dict[str, float]:
             "ALTER TABLE consents DROP CONSTRAINT consents_org_code_fkey, "
             "DROP CONSTRAINT consents_user_id_org_code_key")
         await conn.exec_driver_sql("DROP INDEX consents_due_idx")
-        await conn.exec_driver_sql("DROP INDEX consents_lease_idx")
     t = time.perf_counter()
     async with engine.begin() as conn:
         await conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
@@ -112,9 +111,6 @@ async def _generate(engine: AsyncEngine) -> dict[str, float]:
         await conn.exec_driver_sql(
             "CREATE INDEX consents_due_idx ON consents (org_code, due_week, id) "
             "WHERE status = 'active'")
-        await conn.exec_driver_sql(
-            "CREATE INDEX consents_lease_idx ON consents (lease_until) "
-            "WHERE lease_owner IS NOT NULL")
         await conn.exec_driver_sql(
             "ALTER TABLE consents ADD CONSTRAINT consents_org_code_fkey FOREIGN KEY "
             "(org_code) REFERENCES institutions (org_code) NOT VALID")

@@ -1,0 +1,154 @@
+"""The MyData client over httpx's MockTransport: headers, pages in order, details, token
+refresh once, resuming details, the window guard, and no cookies between consents."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+import httpx
+
+from batch.client import MydataClient, make_http_client
+from batch.clock import FakeClock
+from batch.config import parse_institutions
+from batch.resilience.outcomes import Kind, Layer, Outcome
+from batch.tranid import TRAN_ID_RE, TranIdGenerator
+
+INSTS = parse_institutions('''operator_org_code = "OPERATOR01"
+[[providers]]
+org_code = "BANK000001"
+industry = "bank"
+base_url = "http://127.0.0.1:9"
+windows = ["0000:0600"]
+calls_per_second = 10
+max_concurrency = 2
+''')
+
+
+class PassThrough:
+    """A chain that just makes the attempt (the chain has its own tests)."""
+
+    async def call(self, attempt: Callable[[float], Awaitable[Outcome]], *,
+                   deadline: float | None = None) -> Outcome:
+        return await attempt(10.0)
+
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def fleet(items: int = 3, *, expired: frozenset[str] = frozenset(),
+          dead: frozenset[str] = frozenset(),
+          fail_detail: frozenset[str] = frozenset()) -> tuple[Handler, list[httpx.Request]]:
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        tran = request.headers.get("x-api-tran-id", "")
+        echo = {"x-api-tran-id": tran, "set-cookie": "sid=someone; Path=/"}
+        if request.url.path == "/oauth/2.0/token":
+            return httpx.Response(200, json={"access_token": "tok-NEW-456", "refresh_token": "r2",
+                                             "token_type": "Bearer", "expires_in": 7776000})
+        token = request.headers["authorization"].removeprefix("Bearer ")
+        if token in expired:
+            return httpx.Response(401, json={"rsp_code": "40101", "rsp_msg": "expired"},
+                                  headers=echo)
+        if request.url.path == "/v1/bank/accounts":
+            page = int(request.url.params.get("next_page", "0"))
+            limit = int(request.url.params["limit"])
+            ids = [f"A{i}" for i in range(items)][page:page + limit]
+            body = {"rsp_code": "00000", "rsp_msg": "ok", "account_cnt": len(ids),
+                    "account_list": [{"account_num": a} for a in ids]}
+            if page + limit < items:
+                body["next_page"] = str(page + limit)
+            return httpx.Response(200, json=body, headers=echo)
+        num = json.loads(request.content)["account_num"]
+        if num in dead:
+            return httpx.Response(404, json={"rsp_code": "40404"}, headers=echo)
+        if num in fail_detail:
+            return httpx.Response(500, json={"rsp_code": "50001"}, headers=echo)
+        return httpx.Response(200, json={"rsp_code": "00000", "basic_cnt": 1}, headers=echo)
+
+    return handle, seen
+
+
+def client(handler: Callable[[httpx.Request], httpx.Response], clock: FakeClock | None = None,
+           page_limit: int = 500) -> tuple[MydataClient, httpx.AsyncClient]:
+    http = make_http_client(transport=httpx.MockTransport(handler))
+    return MydataClient(INSTS.providers[0], http=http, chain=PassThrough(),
+                        tran_ids=TranIdGenerator("OPERATOR01", node_id=1),
+                        clock=clock or FakeClock(), page_limit=page_limit), http
+
+
+async def test_a_refresh_walks_pages_in_order_then_details_with_every_header() -> None:
+    handler, seen = fleet(items=3)
+    c, http = client(handler, page_limit=2)
+    res = await c.refresh(access_token="tok-a", refresh_token=None)
+    await http.aclose()
+    assert res.outcome.kind is Kind.SUCCESS and res.calls == 5 and res.items == 3
+    paths = [(r.method, r.url.path, r.url.params.get("next_page")) for r in seen]
+    assert paths == [("GET", "/v1/bank/accounts", None), ("GET", "/v1/bank/accounts", "2"),
+                     ("POST", "/v1/bank/accounts/deposit/basic", None),
+                     ("POST", "/v1/bank/accounts/deposit/basic", None),
+                     ("POST", "/v1/bank/accounts/deposit/basic", None)]
+    tran_ids = [r.headers["x-api-tran-id"] for r in seen]
+    assert all(TRAN_ID_RE.match(t) and t.startswith("OPERATOR01M") for t in tran_ids)
+    assert len(set(tran_ids)) == 5  # a fresh id per call
+    assert {r.headers["x-api-type"] for r in seen} == {"scheduled"}
+    assert {r.headers["authorization"] for r in seen} == {"Bearer tok-a"}
+    assert [json.loads(r.content)["account_num"] for r in seen[2:]] == ["A0", "A1", "A2"]
+    assert all("cookie" not in r.headers for r in seen)
+
+
+async def test_an_expired_token_is_refreshed_once_and_the_call_retried_once() -> None:
+    handler, seen = fleet(items=1, expired=frozenset({"tok-OLD-123"}))
+    c, http = client(handler)
+    res = await c.refresh(access_token="tok-OLD-123", refresh_token="r1")
+    await http.aclose()
+    assert res.outcome.kind is Kind.SUCCESS
+    assert res.new_access_token == "tok-NEW-456" and res.new_refresh_token == "r2"
+    assert [r.url.path for r in seen][:3] == ["/v1/bank/accounts", "/oauth/2.0/token",
+                                              "/v1/bank/accounts"]
+    assert "tok-OLD-123" not in repr(res) and "tok-NEW-456" not in repr(res)
+
+
+async def test_without_a_refresh_token_40101_is_the_consents_problem() -> None:
+    handler, seen = fleet(items=1, expired=frozenset({"tok-OLD-123"}))
+    c, http = client(handler)
+    res = await c.refresh(access_token="tok-OLD-123", refresh_token=None)
+    await http.aclose()
+    assert res.outcome.kind is Kind.CONSENT and res.outcome.rsp_code == "40101"
+    assert len(seen) == 1
+
+
+async def test_a_failed_detail_keeps_the_rest_and_a_resume_skips_the_list() -> None:
+    handler, seen = fleet(items=3, fail_detail=frozenset({"A1"}))
+    c, http = client(handler)
+    res = await c.refresh(access_token="t", refresh_token=None)
+    assert res.outcome.kind is Kind.FAULT and res.pending_items == ("A1", "A2")
+    seen.clear()
+    handler2, seen2 = fleet(items=3)
+    c2, http2 = client(handler2)
+    again = await c2.refresh(access_token="t", refresh_token=None,
+                             pending_items=res.pending_items)
+    await http.aclose()
+    await http2.aclose()
+    assert again.outcome.kind is Kind.SUCCESS
+    assert [r.url.path for r in seen2] == ["/v1/bank/accounts/deposit/basic"] * 2
+
+
+async def test_a_dead_asset_is_skipped_and_the_consent_still_succeeds() -> None:
+    handler, _ = fleet(items=3, dead=frozenset({"A0"}))
+    c, http = client(handler)
+    res = await c.refresh(access_token="t", refresh_token=None)
+    await http.aclose()
+    assert res.outcome.kind is Kind.SUCCESS and res.dead_items == 1
+
+
+async def test_no_call_starts_once_the_window_has_closed() -> None:
+    handler, seen = fleet(items=2)
+    clock = FakeClock()
+    c, http = client(handler, clock)
+    res = await c.refresh(access_token="t", refresh_token=None, not_after=clock.monotonic())
+    await http.aclose()
+    assert res.outcome.kind is Kind.REJECTED and res.outcome.layer is Layer.WINDOW
+    assert seen == [] and res.calls == 0
