@@ -106,6 +106,11 @@ async def claim(
     }
     async with transaction(engine) as conn:
         if conn.dialect.name == "postgresql":
+            # A lease is soft state: if the server crashed before this commit reached disk,
+            # the consent is merely unleased again (and a repeat call meets the provider's
+            # 42901), so the claim need not wait for the WAL flush. Outcomes, which are not
+            # soft, keep synchronous commits.
+            await conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
             rows: Sequence[Any] = (await conn.execute(_PG_CLAIM, params)).all()
         else:
             rows = await _sqlite_claim(conn, params)
