@@ -122,7 +122,7 @@ class WeekPlan:
             g = by_org.get(str(org))
             m = {} if g is None else {int(a): int(b) for a, b in
                                       zip(g["minute"], g["target"], strict=True)}
-            out[str(org)] = DayPlan(str(org), day, int(quota), m)
+            out[str(org)] = DayPlan(str(org), day, int(quota), m, created_at=self.created_at)
         return out
 
 

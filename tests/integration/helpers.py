@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from datetime import date, datetime, timedelta
@@ -12,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.config import Institutions, parse_institutions
 from batch.db import schema
+from batch.db.engine import init_db, make_engine
 from batch.db.loaders import load_institutions
 from planning.calendar import week_start
 
@@ -81,3 +83,17 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
+
+
+def populate_url(db_url: str, insts: Institutions, *, per_provider: int,
+                 now: datetime) -> dict[str, list[str]]:
+    """:func:`populate` on a fresh database given by URL (for tests that run subprocesses)."""
+    async def go() -> dict[str, list[str]]:
+        engine = make_engine(db_url)
+        try:
+            await init_db(engine)
+            return await populate(engine, insts, per_provider=per_provider, now=now)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(go())

@@ -22,14 +22,14 @@ from sqlalchemy import select
 
 from batch.clock import KST, ScaledClock
 from batch.db import schema
-from batch.db.engine import init_db, make_engine
+from batch.db.engine import make_engine
 from batch.simulator import SimulatorProcess, consent_key
 from tests.integration.helpers import (
     WEEK,
     free_ports,
     institutions_toml,
     make_institutions,
-    populate,
+    populate_url,
     subprocess_env,
 )
 
@@ -54,15 +54,7 @@ def test_kill_9_mid_run_then_restart_completes_the_day_without_double_transfers(
     insts = make_institutions(ports, cps=50)
     clock = ScaledClock(SPEED, start=datetime(2026, 11, 30, 0, 59, 0, tzinfo=KST))
 
-    async def setup() -> dict[str, list[str]]:
-        engine = make_engine(db_url)
-        try:
-            await init_db(engine)
-            return await populate(engine, insts, per_provider=PER_PROVIDER, now=clock.now())
-        finally:
-            await engine.dispose()
-
-    tokens = asyncio.run(setup())
+    tokens = populate_url(db_url, insts, per_provider=PER_PROVIDER, now=clock.now())
     monkeypatch.setenv("MYDATA_CLOCK", clock.spec())
     env = subprocess_env()
 

@@ -17,14 +17,14 @@ from sqlalchemy import func, select
 
 from batch.clock import KST, ScaledClock
 from batch.db import schema
-from batch.db.engine import init_db, make_engine
+from batch.db.engine import make_engine
 from batch.simulator import SimulatorProcess
 from tests.integration.helpers import (
     WEEK,
     free_ports,
     institutions_toml,
     make_institutions,
-    populate,
+    populate_url,
     subprocess_env,
 )
 
@@ -42,15 +42,7 @@ def test_sigterm_releases_unstarted_work_writes_outcomes_and_exits_3(
     insts = make_institutions(ports, cps=50, industries=("bank",))
     clock = ScaledClock(SPEED, start=datetime(2026, 11, 30, 0, 59, 30, tzinfo=KST))
 
-    async def setup() -> None:
-        engine = make_engine(sqlite_url)
-        try:
-            await init_db(engine)
-            await populate(engine, insts, per_provider=400, now=clock.now())
-        finally:
-            await engine.dispose()
-
-    asyncio.run(setup())
+    populate_url(sqlite_url, insts, per_provider=400, now=clock.now())
     monkeypatch.setenv("MYDATA_CLOCK", clock.spec())
     env = subprocess_env()
     cmd = [sys.executable, "-m", "batch.cli", "--db", sqlite_url, "run", "--window-override",
