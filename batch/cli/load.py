@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import click
@@ -14,6 +15,17 @@ from batch.db.engine import init_db, redact
 from batch.db.loaders import load_consents, load_institutions, load_usage
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+def _load(settings: Settings, what: str, file: Path,
+          loader: Callable[[AsyncEngine], Awaitable[int]]) -> None:
+    """Create the schema if needed, run ``loader`` (one transaction), say what it loaded."""
+    async def go(engine: AsyncEngine) -> int:
+        await init_db(engine)
+        return await loader(engine)
+
+    n = with_engine(settings, go)
+    click.echo(f"loaded {n} {what} from {file} into {redact(settings.db_url)}")
 
 
 @main.group("load")
@@ -44,13 +56,8 @@ def load_institutions_cmd(settings: Settings, file: Path) -> None:
     max_concurrency = 20
     """
     insts = read_institutions_file(file)
-
-    async def go(engine: AsyncEngine) -> int:
-        await init_db(engine)
-        return await load_institutions(engine, insts, now=clock_from_env().now())
-
-    n = with_engine(settings, go)
-    click.echo(f"loaded {n} institutions from {file} into {redact(settings.db_url)}")
+    _load(settings, "institutions", file,
+          lambda engine: load_institutions(engine, insts, now=clock_from_env().now()))
 
 
 @load_group.command("consents")
@@ -65,12 +72,8 @@ def load_consents_cmd(settings: Settings, file: Path) -> None:
     (2026-11-29T09:00:00+09:00; no offset means KST); last_scheduled_at is empty for a
     consent never fetched. Re-loading updates tokens; the weekly schedule never moves back.
     """
-    async def go(engine: AsyncEngine) -> int:
-        await init_db(engine)
-        return await load_consents(engine, file, now=clock_from_env().now())
-
-    n = with_engine(settings, go)
-    click.echo(f"loaded {n} consents from {file} into {redact(settings.db_url)}")
+    _load(settings, "consents", file,
+          lambda engine: load_consents(engine, file, now=clock_from_env().now()))
 
 
 @load_group.command("usage")
@@ -83,9 +86,4 @@ def load_usage_cmd(settings: Settings, file: Path) -> None:
     Header row: org_code,date,user_calls   e.g.  BANK000001,2026-11-28,182340
     One row per provider per day; the planner learns each provider's load shape from it.
     """
-    async def go(engine: AsyncEngine) -> int:
-        await init_db(engine)
-        return await load_usage(engine, file)
-
-    n = with_engine(settings, go)
-    click.echo(f"loaded {n} usage rows from {file} into {redact(settings.db_url)}")
+    _load(settings, "usage rows", file, lambda engine: load_usage(engine, file))
