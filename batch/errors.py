@@ -11,6 +11,15 @@
 from __future__ import annotations
 
 
+def describe(exc: BaseException, *, limit: int = 300) -> str:
+    """``TypeName: first line of the message`` for logs and one-line errors; safe on an
+    empty message (``TimeoutError()``) and on a message that is only whitespace."""
+    name = type(exc).__name__
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = f"{name}: {lines[0]}" if lines else name
+    return text[:limit]
+
+
 class MydataError(Exception):
     """Root of every error this package raises on purpose."""
 

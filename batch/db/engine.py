@@ -81,8 +81,8 @@ def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
 
 def _describe(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None) or exc
-    text = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
-    return re.sub(r"\s+", " ", text)
+    lines = [ln.strip() for ln in str(orig).splitlines() if ln.strip()]
+    return re.sub(r"\s+", " ", lines[0]) if lines else type(orig).__name__
 
 
 @asynccontextmanager
@@ -131,6 +131,7 @@ async def init_db(engine: AsyncEngine) -> int:
         return schema.SCHEMA_VERSION
     async with transaction(engine) as conn:
         await conn.run_sync(schema.metadata.create_all)
+        await conn.run_sync(_sqlite_add_missing_columns)
         # The SQLite twin of sql/002_hot_leases.sql for files made by version 1.
         await conn.exec_driver_sql("DROP INDEX IF EXISTS consents_lease_idx")
         have = set((await conn.execute(select(schema.schema_migrations.c.version))
@@ -139,6 +140,20 @@ async def init_db(engine: AsyncEngine) -> int:
             if version not in have:
                 await conn.execute(insert(schema.schema_migrations).values(version=version))
     return schema.SCHEMA_VERSION
+
+
+def _sqlite_add_missing_columns(conn: Any) -> None:
+    """Bring an SQLite file made by an older version up to ``schema.metadata``: add each
+    declared column the file lacks (SQLite's twin of the ``ALTER TABLE ... ADD COLUMN``
+    lines in ``sql/``). A new column must be nullable or have a server default."""
+    from sqlalchemy.schema import CreateColumn
+
+    for table in schema.metadata.sorted_tables:
+        have = {r[1] for r in conn.exec_driver_sql(f'PRAGMA table_info("{table.name}")')}
+        for col in table.columns:
+            if col.name not in have:
+                ddl = CreateColumn(col).compile(dialect=conn.dialect)
+                conn.exec_driver_sql(f'ALTER TABLE "{table.name}" ADD COLUMN {ddl}')
 
 
 def db_url_from_env(explicit: str | None = None) -> str:

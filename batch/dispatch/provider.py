@@ -23,6 +23,7 @@ from batch.dispatch.pacing import SLICE_SECONDS, SLICES_PER_MINUTE, minute_targe
 from batch.dispatch.policy import RetryPolicy, decide, give_up_unknown
 from batch.dispatch.stats import MinuteRecord, ProviderStats
 from batch.dispatch.writer import OutcomeWriter
+from batch.errors import describe
 from batch.resilience.outcomes import Kind, Outcome
 
 log = logging.getLogger("mydata.dispatch")
@@ -149,7 +150,7 @@ class ProviderDispatcher:
                     self.stats.claim_errors += 1
                     log.warning("claim failed", extra={
                         "action": "claim_failed", "org_code": self.org_code,
-                        "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
+                        "error": describe(exc)})
             if self._clock.monotonic() >= renew_at:
                 renew_at = self._clock.monotonic() + self._settings.lease.total_seconds() / 3
                 await self._renew()

@@ -35,7 +35,7 @@ from batch.dispatch import progress
 from batch.dispatch.policy import RetryPolicy
 from batch.dispatch.provider import DispatchSettings, ProviderDispatcher
 from batch.dispatch.writer import OutcomeWriter
-from batch.errors import InputError
+from batch.errors import InputError, describe
 from batch.planner import ProviderLimits, build_week_plan, load_day_plan, save_plan
 from batch.resilience.breaker import State
 from batch.resilience.chain import ProviderChain
@@ -217,7 +217,7 @@ async def run_day(
     except Exception as exc:
         log.error("could not store the run summary", extra={
             "action": "summary_failed", "run_id": options.run_id,
-            "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
+            "error": describe(exc)})
     return RunResult(summary, exit_code)
 
 

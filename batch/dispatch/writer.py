@@ -13,6 +13,7 @@ from datetime import date
 
 from batch.clock import Clock
 from batch.db.work import Record, WorkStore
+from batch.errors import describe
 
 log = logging.getLogger("mydata.writer")
 
@@ -73,7 +74,7 @@ class OutcomeWriter:
             except Exception as exc:  # the DB being down must not lose outcomes
                 self.failures += 1
                 self.healthy = False
-                self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                self.last_error = describe(exc)
                 log.warning("outcome write failed; will retry",
                             extra={"action": "write_failed", "error": self.last_error,
                                    "pending": len(self._buffer)})

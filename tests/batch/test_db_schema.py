@@ -48,3 +48,26 @@ async def test_every_schema_version_is_recorded(engine: AsyncEngine) -> None:
         versions = (await conn.execute(select(schema.schema_migrations.c.version))
                     ).scalars().all()
     assert sorted(versions) == list(range(1, schema.SCHEMA_VERSION + 1))
+
+
+async def test_sqlite_file_from_an_older_version_gets_new_columns(tmp_path: object) -> None:
+    import sqlite3
+    from pathlib import Path
+
+    from batch.db.engine import make_engine
+
+    path = Path(str(tmp_path)) / "old.db"
+    with sqlite3.connect(path) as raw:  # a table as an older version made it: no 'options'
+        raw.execute("CREATE TABLE institutions (org_code VARCHAR(10) PRIMARY KEY, "
+                    "industry TEXT NOT NULL, base_url TEXT NOT NULL, windows TEXT NOT NULL, "
+                    "calls_per_second FLOAT NOT NULL, max_concurrency INTEGER NOT NULL, "
+                    "updated_at DATETIME NOT NULL)")
+    eng = make_engine(f"sqlite+aiosqlite:///{path}")
+    try:
+        await init_db(eng)
+        async with eng.connect() as conn:
+            cols = await conn.run_sync(
+                lambda c: {col["name"] for col in inspect(c).get_columns("institutions")})
+    finally:
+        await eng.dispose()
+    assert cols == {c.name for c in schema.institutions.columns}
