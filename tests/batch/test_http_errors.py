@@ -55,8 +55,11 @@ def _instance(cls: type[Exception]) -> Exception:
     return cls.__new__(cls)
 
 
-@pytest.mark.parametrize("cls", sorted(_httpx_exception_classes(), key=lambda c: c.__name__),
-                         ids=lambda c: c.__name__)
+def _name(cls: type[Exception]) -> str:
+    return cls.__name__
+
+
+@pytest.mark.parametrize("cls", sorted(_httpx_exception_classes(), key=_name), ids=_name)
 def test_only_an_error_before_the_request_left_is_retryable(cls: type[Exception]) -> None:
     verdict = EXPECTED[cls.__name__]
     assert HTTPX_ERRORS[cls] is verdict
