@@ -59,7 +59,7 @@ def _name(cls: type[Exception]) -> str:
     return cls.__name__
 
 
-@pytest.mark.parametrize("cls", sorted(_httpx_exception_classes(), key=_name), ids=_name)
+@pytest.mark.parametrize("cls", sorted(_httpx_exception_classes(), key=str), ids=_name)
 def test_only_an_error_before_the_request_left_is_retryable(cls: type[Exception]) -> None:
     verdict = EXPECTED[cls.__name__]
     assert HTTPX_ERRORS[cls] is verdict
