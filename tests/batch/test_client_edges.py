@@ -16,15 +16,16 @@ from batch.resilience.outcomes import Kind, Outcome
 from batch.resilience.settings import ChainSettings, LimiterSettings
 from batch.routes import TOKEN_PATH
 from batch.tranid import TRAN_ID_RE, TranIdGenerator
-from tests.batch.test_client import INSTS, client, fleet
+from tests.batch.test_client import INSTS, fleet
 
 
 async def test_the_token_refresh_request_carries_every_mydata_header() -> None:
     handler, seen = fleet(items=1, expired=frozenset({"tok-OLD-123"}))
-    c, http = client(handler)
-    res = await c.refresh(access_token="tok-OLD-123", refresh_token="r1")
-    await http.aclose()
-    assert res.outcome.kind is Kind.SUCCESS
+    c, http = _chained(httpx.MockTransport(handler))
+    try:
+        assert (await c.refresh(access_token="tok-OLD-123", refresh_token="r1")).outcome.ok
+    finally:
+        await http.aclose()
     (token_call,) = [r for r in seen if r.url.path == TOKEN_PATH]
     assert token_call.headers["authorization"] == "Bearer tok-OLD-123"
     assert token_call.headers["x-api-type"] == "scheduled"

@@ -8,6 +8,7 @@ import asyncio
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 
 import aiohttp
 import httpx
@@ -15,12 +16,12 @@ import pytest
 
 from batch.client import MydataClient, make_http_client
 from batch.clock import SystemClock
-from batch.config import parse_institutions
 from batch.http_errors import HTTPX_ERRORS, Sent, sent, transport_outcome
 from batch.resilience.chain import ProviderChain
 from batch.resilience.outcomes import Kind
 from batch.resilience.settings import ChainSettings
 from batch.tranid import TranIdGenerator
+from tests.batch.test_client import INSTS
 
 
 def _httpx_exception_classes() -> set[type[Exception]]:
@@ -160,18 +161,8 @@ async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[Server]]]:
 
 
 def _client(base_url: str) -> tuple[MydataClient, httpx.AsyncClient]:
-    insts = parse_institutions(f'''operator_org_code = "OPERATOR01"
-[[providers]]
-org_code = "BANK000001"
-industry = "bank"
-base_url = "{base_url}"
-windows = ["0000:0600"]
-calls_per_second = 1000
-max_concurrency = 2
-connect_timeout = 2
-read_timeout = 5
-''')
-    p = insts.providers[0]
+    p = replace(INSTS.providers[0], base_url=base_url, calls_per_second=1000,
+                connect_timeout=2, read_timeout=5)
     clock = SystemClock()
     chain = ProviderChain(p.org_code, ChainSettings.from_provider(p), clock=clock,
                           random=lambda: 0.0)

@@ -5,29 +5,23 @@ provider slowing from 200 ms to 15 s trips it (the retry-storm case of the post-
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 
 import pytest
 
 from batch.clock import FakeClock
-from batch.config import parse_institutions
 from batch.resilience.breaker import REFUSED, CircuitBreaker, State
 from batch.resilience.outcomes import Outcome
 from batch.resilience.settings import ChainSettings
+from tests.batch.test_client import INSTS
 from tests.resilience.fakes import CONN, DOWN, FAULT, OK
 
 
 def default_breaker(calls_per_second: float) -> tuple[CircuitBreaker, FakeClock]:
-    inst = parse_institutions(f'''operator_org_code = "OPERATOR01"
-[[providers]]
-org_code = "BANK000001"
-industry = "bank"
-base_url = "http://127.0.0.1:9"
-windows = ["0000:0600"]
-calls_per_second = {calls_per_second}
-max_concurrency = 20
-''')
+    provider = replace(INSTS.providers[0], calls_per_second=calls_per_second,
+                       max_concurrency=20)
     clock = FakeClock()
-    settings = ChainSettings.from_provider(inst.providers[0])
+    settings = ChainSettings.from_provider(provider)
     return CircuitBreaker(settings.breaker, clock=clock), clock
 
 
