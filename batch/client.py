@@ -15,10 +15,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import aiohttp
 import httpx
+from httpx_aiohttp import AiohttpTransport
 
 from batch.clock import Clock
 from batch.config import Provider
+from batch.http_errors import TRANSPORT_ERRORS, transport_outcome
 from batch.resilience.outcomes import (
     DEAD_ASSET_CODES,
     TOKEN_CODES,
@@ -26,9 +29,7 @@ from batch.resilience.outcomes import (
     Layer,
     Outcome,
     classify,
-    connection_error,
     rejected,
-    timed_out,
 )
 from batch.routes import MAX_PAGE_LIMIT, ROUTES, TOKEN_PATH, IndustryRoutes
 
@@ -99,16 +100,27 @@ class _BatchHttpClient(httpx.AsyncClient):
         return None
 
 
+class _NoResendTransport(AiohttpTransport):
+    """httpx-aiohttp's transport with aiohttp's silent resend turned off: aiohttp sends a
+    GET again, once, when the server closes or resets the connection after reading it;
+    the provider may have processed the first and counted the week's transfer. Whether to
+    call again is the chain's decision (batch/http_errors.py), never the transport's."""
+
+    def get_client(self) -> aiohttp.ClientSession:
+        session = super().get_client()
+        # No public switch exists; aiohttp's own test client turns it off the same way.
+        session._retry_connection = False
+        return session
+
+
 def make_http_client(*, max_connections: int = 200,
                      transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
     """httpx as the API, aiohttp underneath for throughput (DESIGN.md); TLS verification on;
     no cookies kept between calls. ``transport`` replaces aiohttp (tests)."""
     if transport is None:
-        from httpx_aiohttp import AiohttpTransport
-
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
-        transport = AiohttpTransport(limits=limits, verify=True)
+        transport = _NoResendTransport(limits=limits, verify=True)
     return _BatchHttpClient(transport=transport, verify=True, follow_redirects=False)
 
 
@@ -157,16 +169,41 @@ class MydataClient:
         body: dict[str, Any] | None = None,
     ) -> Outcome:
         tran_id = self._tran_ids()
+        t0 = self._clock.monotonic()
+        answer = await self._exchange(self._request(method, path, token, tran_id, timeout,
+                                                    params=params, json=body))
+        if isinstance(answer, Outcome):
+            return answer.with_(tran_id=tran_id)
+        elapsed = self._clock.monotonic() - t0
+        data: Any = None
+        if answer.content:
+            try:
+                data = json.loads(answer.content)
+            except ValueError:
+                data = None
+        code = data.get("rsp_code") if isinstance(data, dict) else None
+        return classify(answer.status_code, code if isinstance(code, str) else None,
+                        retry_after=_retry_after(answer.headers.get("retry-after")),
+                        payload=data, elapsed=elapsed).with_(tran_id=tran_id)
+
+    def _request(self, method: str, path: str, token: str, tran_id: str, timeout: float,
+                 **content: Any) -> httpx.Request:
+        """One outbound request with the headers every call carries (MYDATA.md)."""
         headers = {
             "Authorization": f"Bearer {token}",
             "x-api-tran-id": tran_id,
             "x-api-type": API_TYPE,
         }
         connect = min(self.provider.connect_timeout, timeout)
-        request = httpx.Request(
-            method, self._base + path, params=params, json=body, headers=headers,
+        return httpx.Request(
+            method, self._base + path, headers=headers,
             extensions={"timeout": httpx.Timeout(timeout, connect=connect).as_dict()},
+            **content,
         )
+
+    async def _exchange(self, request: httpx.Request) -> httpx.Response | Outcome:
+        """Send ``request`` and read the whole answer, or the outcome of the error that
+        came instead (batch/http_errors.py decides whether the request may have left)."""
         t0 = self._clock.monotonic()
         try:
             resp = await self._send(request)
@@ -174,24 +211,9 @@ class MydataClient:
                 await resp.aread()
             finally:
                 await resp.aclose()
-        except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
-            return timed_out(type(exc).__name__, elapsed=self._clock.monotonic() - t0
-                             ).with_(tran_id=tran_id)
-        except httpx.HTTPError as exc:
-            # Not connected, reset, or refused: nothing was processed; transient.
-            return connection_error(type(exc).__name__, elapsed=self._clock.monotonic() - t0
-                                    ).with_(tran_id=tran_id)
-        elapsed = self._clock.monotonic() - t0
-        data: Any = None
-        if resp.content:
-            try:
-                data = json.loads(resp.content)
-            except ValueError:
-                data = None
-        code = data.get("rsp_code") if isinstance(data, dict) else None
-        return classify(resp.status_code, code if isinstance(code, str) else None,
-                        retry_after=_retry_after(resp.headers.get("retry-after")),
-                        payload=data, elapsed=elapsed).with_(tran_id=tran_id)
+        except TRANSPORT_ERRORS as exc:
+            return transport_outcome(exc, elapsed=self._clock.monotonic() - t0)
+        return resp
 
     async def _call(
         self, tokens: _Tokens, method: str, path: str, *, deadline: float | None,
@@ -226,6 +248,7 @@ class MydataClient:
                            ), 0
         calls = 0
         refresh_token = tokens.refresh
+        expired_access = tokens.access
 
         async def attempt(timeout: float) -> Outcome:
             nonlocal calls
@@ -234,28 +257,21 @@ class MydataClient:
             calls += 1
             tran_id = self._tran_ids()
             t0 = self._clock.monotonic()
+            answer = await self._exchange(self._request(
+                "POST", TOKEN_PATH, expired_access, tran_id, timeout,
+                data={"grant_type": "refresh_token", "refresh_token": refresh_token}))
+            if isinstance(answer, Outcome):
+                return answer.with_(tran_id=tran_id)
             try:
-                resp = await self._http.post(
-                    self._base + TOKEN_PATH,
-                    data={"grant_type": "refresh_token", "refresh_token": refresh_token},
-                    headers={"x-api-tran-id": tran_id},
-                    timeout=httpx.Timeout(timeout, connect=min(self.provider.connect_timeout,
-                                                               timeout)),
-                )
-            except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
-                return timed_out(type(exc).__name__).with_(tran_id=tran_id)
-            except httpx.HTTPError as exc:
-                return connection_error(type(exc).__name__).with_(tran_id=tran_id)
-            try:
-                data = resp.json()
+                data = answer.json()
             except ValueError:
                 data = None
             elapsed = self._clock.monotonic() - t0
-            if resp.status_code == 200 and isinstance(data, dict) and data.get("access_token"):
+            if answer.status_code == 200 and isinstance(data, dict) and data.get("access_token"):
                 return Outcome(Kind.SUCCESS, "00000", 200, payload=data, elapsed=elapsed,
                                tran_id=tran_id)
             code = data.get("rsp_code") if isinstance(data, dict) else None
-            out = classify(resp.status_code, code if isinstance(code, str) else None,
+            out = classify(answer.status_code, code if isinstance(code, str) else None,
                            elapsed=elapsed).with_(tran_id=tran_id)
             if out.kind is Kind.CLIENT:  # a refused refresh token is the consent's problem
                 out = out.with_(kind=Kind.CONSENT, rsp_code="40101",

@@ -2,8 +2,10 @@
 
 Layout (MYDATA.md): the operator's 10-character org code, ``M`` (a MyData operator
 originated it), then 14 characters: a 5-character node id and a 9-character per-node
-counter, both base 62. Node ids are random per process (62**5 values) or, in cluster mode,
-handed out by Redis ``INCR`` so that no two live workers share one.
+counter, both base 62. A ``run`` takes its node number from the database's node registry
+(batch/db/nodes.py: an autoincrement id, so no two processes share one, across hosts and
+restarts; it wraps only after 62**5 = 916,132,832 registrations). Without a database (tests,
+tools) the node number is random per process.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class TranIdGenerator:
         if not ORG_CODE_RE.match(operator_org_code):
             raise ValueError("operator_org_code must be exactly 10 letters or digits")
         node = random_node_id() if node_id is None else node_id
+        if node < 0:
+            raise ValueError(f"node_id must be >= 0, got {node}")
         self._prefix = f"{operator_org_code}M{base62(node % 62**NODE_CHARS, NODE_CHARS)}"
         self._counter = itertools.count()
 

@@ -63,9 +63,12 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
     clock = clock_from_env()
 
     async def go() -> tuple[dict[str, object], int]:
+        from batch.db.runlock import run_lock
+
         engine = make_engine(settings.db_url)
         try:
-            res = await run_day(engine, clock=clock, options=options)
+            async with run_lock(engine):  # one run per database (batch/db/runlock.py)
+                res = await run_day(engine, clock=clock, options=options)
             return res.summary, res.exit_code
         finally:
             await engine.dispose()

@@ -18,7 +18,9 @@ from batch.db import schema
 from batch.errors import ConfigError, DatabaseError
 
 DEFAULT_DB_URL = "sqlite+aiosqlite:///mydata.db"
-SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
+# The PostgreSQL schema: batch/db/sql links to the top-level sql/ in a checkout, and is
+# the files themselves in a built wheel (pyproject.toml's package data).
+SQL_DIR = Path(__file__).resolve().parent / "sql"
 
 
 def normalise_url(url: str) -> str:

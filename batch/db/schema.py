@@ -197,4 +197,18 @@ Index(
     sqlite_where=dead_letters.c.requeued_at.is_(None),
 )
 
-SCHEMA_VERSION = 2
+# sql/004_nodes.sql: the processes that send calls; node_id is their tran-id node number.
+nodes = Table(
+    "nodes", metadata,
+    Column("node_id", BigId, primary_key=True, autoincrement=True),
+    Column("worker_id", Text, nullable=False),
+    Column("host", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("run_id", Text),
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("heartbeat_at", UTCDateTime, nullable=False),
+    Column("stopped_at", UTCDateTime),
+    sqlite_autoincrement=True,  # never hand out a number twice, even after a delete
+)
+
+SCHEMA_VERSION = 4

@@ -31,6 +31,7 @@ from batch.clock import KST, Clock
 from batch.db import schema, work
 from batch.db.engine import init_db, transaction
 from batch.db.loaders import read_institutions
+from batch.db.nodes import register_node
 from batch.dispatch import progress
 from batch.dispatch.policy import RetryPolicy
 from batch.dispatch.provider import DispatchSettings, ProviderDispatcher
@@ -125,7 +126,9 @@ async def run_day(
     store = work.SqlWorkStore(engine)
     writer = OutcomeWriter(store, run_id=options.run_id, worker=options.worker_id, day=today,
                            clock=clock)
-    tran_ids = TranIdGenerator(institutions.operator_org_code)
+    # a node number no other process has had (batch/db/nodes.py)
+    tran_ids = TranIdGenerator(institutions.operator_org_code, node_id=await register_node(
+        engine, worker_id=options.worker_id, run_id=options.run_id, now=now))
     http = (http_factory or (lambda n: make_http_client(max_connections=n)))(
         options.max_connections)
     policy_by_org: dict[str, RetryPolicy] = {}

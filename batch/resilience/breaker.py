@@ -1,6 +1,7 @@
 """The circuit breaker: one outcome per logical call decides whether the provider gets calls.
 
     CLOSED ──(failure or slow-call rate >= threshold, >= minimum calls)──> OPEN
+    CLOSED ──(consecutive_down "provider down" outcomes in a row: 50005, refused)──> OPEN
     OPEN ──(wait over; the wait grows on each re-trip, capped)──> HALF_OPEN
     HALF_OPEN ──(N probes recorded, rates below thresholds)──> CLOSED
     HALF_OPEN ──(N probes recorded, a rate at threshold, or max time in HALF_OPEN)──> OPEN
@@ -46,7 +47,8 @@ class CircuitBreaker:
     """Decides per call whether to let it through and learns from each call's outcome."""
 
     __slots__ = (
-        "_clock", "_emit", "_epoch", "_half_open_since", "_min_calls", "_open_until",
+        "_clock", "_down_run", "_emit", "_epoch", "_half_open_since", "_min_calls",
+        "_open_until",
         "_probe_fail", "_probe_slow", "_probes_done", "_probes_out", "_state", "_trips",
         "org_code", "settings", "window",
     )
@@ -65,6 +67,7 @@ class CircuitBreaker:
             self.window = TimeWindow(settings.window_size)
             self._min_calls = settings.minimum_calls
         self._state = State.CLOSED
+        self._down_run = 0  # "provider down" outcomes in a row since the window was cleared
         self._trips = 0
         self._open_until = 0.0
         self._half_open_since = 0.0
@@ -135,13 +138,20 @@ class CircuitBreaker:
                     code |= SLOW
                 w = self.window
                 w.add(code, now)
-                if s is State.CLOSED and w.total >= self._min_calls:
-                    st = self.settings
+                self._down_run = self._down_run + 1 if outcome.is_down else 0
+                if s is not State.CLOSED:
+                    return
+                st = self.settings
+                if w.total >= self._min_calls:
                     total = w.total
                     if w.failures / total >= st.failure_rate_threshold:
                         self._trip(now, "failure rate", tran_id)
-                    elif w.slow / total >= st.slow_call_rate_threshold:
+                        return
+                    if w.slow / total >= st.slow_call_rate_threshold:
                         self._trip(now, "slow-call rate", tran_id)
+                        return
+                if self._down_run >= st.consecutive_down:
+                    self._trip(now, "provider down", tran_id)
             return
         if permit < PROBE:
             return
@@ -184,7 +194,7 @@ class CircuitBreaker:
 
     def metrics_only(self) -> None:
         """Let every call through and keep the rates, but never trip, until reset()."""
-        self.window.clear()
+        self._clear()
         self._to(State.METRICS_ONLY, self._clock.monotonic(), "metrics only")
 
     def reset(self) -> None:
@@ -214,6 +224,10 @@ class CircuitBreaker:
         old = self._state
         self._state = new
         if new is State.CLOSED:
-            self.window.clear()
+            self._clear()
         if self._emit.active and old is not new:
             self._emit(StateChanged(self.org_code, str(old), str(new), now, reason, tran_id))
+
+    def _clear(self) -> None:
+        self.window.clear()
+        self._down_run = 0

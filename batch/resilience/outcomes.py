@@ -64,6 +64,7 @@ THROTTLE_CODES = frozenset({"42902", "40301", "40302"})
 DEAD_ASSET_CODES = frozenset({"40305", "40404"})
 ALREADY_DONE_CODES = frozenset({"42901"})
 TOKEN_CODES = frozenset({"40101"})
+DOWN_CODES = frozenset({"50005"})
 CLIENT_CODES = frozenset({"40001", "40002", "40003"})
 
 
@@ -91,6 +92,14 @@ class Outcome:
     def is_failure(self) -> bool:
         """Counts as a failure for the circuit breaker (a provider fault or a timeout)."""
         return self.kind in (Kind.FAULT, Kind.TIMEOUT)
+
+    @property
+    def is_down(self) -> bool:
+        """The provider says it is down (50005) or cannot be reached at all (a connection
+        that failed before the request left: refused, unresolved, not answering)."""
+        return self.kind is Kind.FAULT and (
+            self.rsp_code in DOWN_CODES
+            or (self.http_status is None and self.retryable))
 
     @property
     def is_neutral(self) -> bool:

@@ -17,6 +17,9 @@ from typing import TypeVar
 from batch.config import Provider
 from batch.errors import ConfigError
 
+#: a call this long is slow (a few seconds: a healthy provider answers in 150-300 ms)
+SLOW_CALL_SECONDS = 5.0
+
 
 class WindowType(StrEnum):
     COUNT = "count"  # the last ``window_size`` calls
@@ -48,17 +51,28 @@ def _fraction(name: str, value: float) -> None:
 
 @dataclass(frozen=True, slots=True)
 class BreakerSettings:
-    """When the circuit opens, how long it stays open, and how it probes its way back."""
+    """When the circuit opens, how long it stays open, and how it probes its way back.
 
-    window_type: WindowType = WindowType.COUNT
+    The defaults stop the calls to a provider that went down within about 10 s whatever
+    its call rate: the window is the last 10 seconds (not the last N calls, which at a
+    low rate takes minutes to fill), a verdict needs only 5 calls in it, and a run of
+    ``consecutive_down`` answers saying the provider is down (50005, connection refused)
+    trips it on their own. A provider slowing from 200 ms to 15 s trips it too: a call
+    of 5 s or more is slow, and 60 % slow calls in the window is an incident.
+    """
+
+    window_type: WindowType = WindowType.TIME
     #: calls (count window) or seconds (time window)
-    window_size: int = 100
+    window_size: int = 10
     #: no verdict before this many calls are in the window
-    minimum_calls: int = 20
+    minimum_calls: int = 5
     failure_rate_threshold: float = 0.5
-    slow_call_rate_threshold: float = 1.0
+    slow_call_rate_threshold: float = 0.6
     #: a call whose slowest attempt took at least this long is slow
-    slow_call_duration: float = 10.0
+    slow_call_duration: float = SLOW_CALL_SECONDS
+    #: this many "provider down" outcomes in a row (50005, connection refused: see
+    #: ``Outcome.is_down``) trip the circuit whatever the window holds
+    consecutive_down: int = 5
     #: first OPEN wait; each re-trip without closing in between multiplies it, up to the max
     open_wait: float = 30.0
     open_wait_multiplier: float = 2.0
@@ -79,6 +93,7 @@ class BreakerSettings:
             raise ConfigError("a time window is at most 3600 seconds",
                               field="breaker.window_size")
         _positive_int("breaker.minimum_calls", self.minimum_calls)
+        _positive_int("breaker.consecutive_down", self.consecutive_down)
         _fraction("breaker.failure_rate_threshold", self.failure_rate_threshold)
         _fraction("breaker.slow_call_rate_threshold", self.slow_call_rate_threshold)
         _positive("breaker.slow_call_duration", self.slow_call_duration)
@@ -262,9 +277,11 @@ class ChainSettings:
                             read_timeout=provider.read_timeout,
                             call_deadline=provider.call_deadline),
             "timeouts", extra.get("timeouts"))
-        breaker = _with_overrides(
-            BreakerSettings(slow_call_duration=timeouts.read_timeout),
-            "breaker", extra.get("breaker"))
+        # a call is slow long before it times out (a slow call that would only count
+        # once it timed out is a failure, not a warning)
+        slow = min(SLOW_CALL_SECONDS, timeouts.read_timeout / 2)
+        breaker = _with_overrides(BreakerSettings(slow_call_duration=slow),
+                                  "breaker", extra.get("breaker"))
         retry = _with_overrides(RetrySettings(), "retry", extra.get("retry"))
         limiter = _with_overrides(
             LimiterSettings(calls_per_second=provider.calls_per_second),

@@ -16,6 +16,7 @@ from batch.resilience.settings import (
     ChainSettings,
     LimiterSettings,
     RetrySettings,
+    WindowType,
 )
 from batch.simulator import Event, Scenario, Simulator
 from batch.tranid import TranIdGenerator
@@ -32,7 +33,8 @@ async def test_outage_opens_the_breaker_open_calls_never_reach_the_provider_then
     scenario = Scenario(timeline=(Event(provider=org, start=30, end=90, kind="down",
                                         mode="503"),))
     settings = ChainSettings(
-        breaker=BreakerSettings(window_size=10, minimum_calls=5, failure_rate_threshold=0.5,
+        breaker=BreakerSettings(window_type=WindowType.COUNT, window_size=10, minimum_calls=5,
+                                failure_rate_threshold=0.5,
                                 open_wait=20, half_open_permits=3),
         retry=RetrySettings(max_attempts=1),
         limiter=LimiterSettings(calls_per_second=1000, burst=10),

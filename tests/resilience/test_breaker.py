@@ -11,7 +11,8 @@ from batch.resilience.outcomes import Layer, Outcome, rejected, timed_out
 from batch.resilience.settings import BreakerSettings, WindowType
 from tests.resilience.fakes import BAD_REQUEST, DEAD, DONE_WEEK, FAULT, OK, THROTTLED
 
-SETTINGS = BreakerSettings(window_size=10, minimum_calls=4, failure_rate_threshold=0.5,
+SETTINGS = BreakerSettings(window_type=WindowType.COUNT, window_size=10, minimum_calls=4,
+                           failure_rate_threshold=0.5,
                            slow_call_duration=5.0, slow_call_rate_threshold=0.5,
                            open_wait=10.0, open_wait_multiplier=2.0, open_wait_max=35.0,
                            half_open_permits=3, half_open_max_time=20.0)
@@ -79,7 +80,7 @@ def test_neutral_outcomes_are_never_recorded(neutral: Outcome) -> None:
 
 
 def test_count_window_forgets_the_oldest_call() -> None:
-    b, clock, _ = make(BreakerSettings(window_size=4, minimum_calls=4,
+    b, clock, _ = make(BreakerSettings(window_type=WindowType.COUNT, window_size=4, minimum_calls=4,
                                        failure_rate_threshold=0.75))
     for o in (FAULT, FAULT, OK, OK):
         call(b, clock, o)

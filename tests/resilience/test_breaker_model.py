@@ -16,10 +16,10 @@ from batch.clock import FakeClock
 from batch.resilience.breaker import CALL, REFUSED, CircuitBreaker
 from batch.resilience.outcomes import Outcome, timed_out
 from batch.resilience.settings import BreakerSettings, WindowType
-from tests.resilience.fakes import BAD_REQUEST, DEAD, FAULT, OK, THROTTLED
+from tests.resilience.fakes import BAD_REQUEST, CONN, DEAD, DOWN, FAULT, OK, THROTTLED
 
 SLOW_AFTER = 5.0
-OUTCOMES = [OK, FAULT, timed_out(), THROTTLED, DEAD, BAD_REQUEST]
+OUTCOMES = [OK, FAULT, timed_out(), THROTTLED, DEAD, BAD_REQUEST, DOWN, CONN]
 
 
 @dataclass
@@ -28,7 +28,8 @@ class Model:
 
     s: BreakerSettings
     state: str = "closed"
-    records: list[tuple[int, bool, bool]] = field(default_factory=list)  # (second, fail, slow)
+    # (second, fail, slow, down): every call recorded since the circuit last closed
+    records: list[tuple[int, bool, bool, bool]] = field(default_factory=list)
     trips: int = 0
     open_until: float = 0.0
     half_open_since: float = 0.0
@@ -36,7 +37,7 @@ class Model:
     probes_out: int = 0
     probes: list[tuple[bool, bool]] = field(default_factory=list)
 
-    def window(self, now: float) -> list[tuple[int, bool, bool]]:
+    def window(self, now: float) -> list[tuple[int, bool, bool, bool]]:
         if self.s.window_type is WindowType.COUNT:
             return self.records[-self.s.window_size:]
         return [r for r in self.records if r[0] > int(now) - self.s.window_size]
@@ -80,16 +81,28 @@ class Model:
         if permit[0] == "call":
             if neutral or self.state not in ("closed", "metrics_only"):
                 return
-            self.records.append((int(now), failed, slow))
+            # down: 50005, or a fault with no HTTP answer at all (connection refused)
+            down = o.kind == "fault" and (o.rsp_code == "50005" or o.http_status is None)
+            self.records.append((int(now), failed, slow, down))
             w = self.window(now)
+            down_run = 0
+            for r in reversed(self.records):
+                if not r[3]:
+                    break
+                down_run += 1
             minimum = (min(self.s.minimum_calls, self.s.window_size)
                        if self.s.window_type is WindowType.COUNT else self.s.minimum_calls)
-            if self.state == "closed" and len(w) >= minimum:
+            if self.state != "closed":
+                return
+            if len(w) >= minimum:
                 fails = sum(1 for r in w if r[1]) / len(w)
                 slows = sum(1 for r in w if r[2]) / len(w)
                 if fails >= self.s.failure_rate_threshold or \
                         slows >= self.s.slow_call_rate_threshold:
                     self.trip(now)
+                    return
+            if down_run >= self.s.consecutive_down:
+                self.trip(now)
             return
         self.tick(now)
         if self.state != "half_open" or permit[1] != self.period:
@@ -125,6 +138,7 @@ breaker_settings = st.builds(
     window_type=st.sampled_from(list(WindowType)),
     window_size=st.integers(1, 8),
     minimum_calls=st.integers(1, 6),
+    consecutive_down=st.integers(1, 4),
     failure_rate_threshold=st.sampled_from([0.25, 0.5, 0.75, 1.0]),
     slow_call_rate_threshold=st.sampled_from([0.5, 1.0]),
     slow_call_duration=st.just(SLOW_AFTER),
@@ -140,7 +154,7 @@ acquire = st.tuples(st.just("acquire"), st.just(0))
 finish = st.tuples(st.just("finish"), st.integers(0, 50), st.sampled_from(range(len(OUTCOMES))),
                    st.sampled_from([0.1, SLOW_AFTER, 9.0]))
 # mostly successes and faults, so the breaker trips, probes and closes again and again
-call = st.tuples(st.just("call"), st.sampled_from([0, 0, 0, 1, 1, 2, 3, 4, 5]),
+call = st.tuples(st.just("call"), st.sampled_from([0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 6, 7]),
                  st.sampled_from([0.1, 0.1, 0.1, SLOW_AFTER]))
 manual = st.tuples(st.just("manual"),
                    st.sampled_from(["force_open", "disable", "metrics_only", "reset"]))

@@ -11,6 +11,7 @@ from batch.resilience import (
     ChainSettings,
     LimiterSettings,
     ProviderChain,
+    WindowType,
 )
 from batch.resilience.bulkhead import Bulkhead
 from batch.resilience.outcomes import Kind, Layer
@@ -20,7 +21,8 @@ from tests.resilience.fakes import Provider, drive_all
 def chain(clock: FakeClock, bulkhead: BulkheadSettings) -> ProviderChain:
     s = ChainSettings(bulkhead=bulkhead, limiter=LimiterSettings(calls_per_second=1e6,
                                                                  burst=1000),
-                      breaker=BreakerSettings(minimum_calls=10, window_size=20))
+                      breaker=BreakerSettings(window_type=WindowType.COUNT, minimum_calls=10,
+                                              window_size=20))
     return ProviderChain("BANK000001", s, clock=clock)
 
 

@@ -20,11 +20,13 @@ from batch.resilience import (
     RetrySettings,
     State,
     StateChanged,
+    WindowType,
 )
 from batch.resilience.outcomes import Kind, Layer
 from tests.resilience.fakes import FAULT, OK, Provider, drive, drive_all
 
-BREAKER = BreakerSettings(window_size=4, minimum_calls=4, open_wait=30.0,
+BREAKER = BreakerSettings(window_type=WindowType.COUNT, window_size=4, minimum_calls=4,
+                          open_wait=30.0,
                           half_open_permits=2)
 
 
@@ -166,7 +168,8 @@ async def test_the_snapshot_is_json_and_shows_every_layer() -> None:
 
 
 async def test_slow_attempts_open_the_breaker_but_waiting_for_a_slot_is_not_slowness() -> None:
-    breaker = BreakerSettings(window_size=4, minimum_calls=4, slow_call_duration=5.0,
+    breaker = BreakerSettings(window_type=WindowType.COUNT, window_size=4, minimum_calls=4,
+                              slow_call_duration=5.0,
                               slow_call_rate_threshold=0.5)
     clock = FakeClock()
     s = ChainSettings(breaker=breaker, limiter=LimiterSettings(calls_per_second=0.1, burst=1,

@@ -13,6 +13,7 @@ from batch.resilience import (
     ProviderChain,
     RetrySettings,
     State,
+    WindowType,
 )
 from batch.resilience.outcomes import Kind
 from tests.resilience.fakes import (
@@ -77,7 +78,8 @@ async def test_retries_never_make_the_breaker_open_sooner(answers: list[object],
         clock = FakeClock()
         s = ChainSettings(retry=RetrySettings(max_attempts=max_attempts, budget_floor=10_000),
                           limiter=LimiterSettings(calls_per_second=1e6, burst=1000),
-                          breaker=BreakerSettings(window_size=10, minimum_calls=5,
+                          breaker=BreakerSettings(window_type=WindowType.COUNT, window_size=10,
+                                                  minimum_calls=5,
                                                   open_wait=1e6, open_wait_max=1e6))
         chain = ProviderChain("BANK000001", s, clock=clock, random=lambda: 0.0)
         results[max_attempts] = None

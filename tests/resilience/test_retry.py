@@ -16,6 +16,7 @@ from batch.resilience import (
     RetrySkipped,
     State,
     TimeoutSettings,
+    WindowType,
 )
 from batch.resilience.outcomes import Kind, Outcome, classify
 from batch.resilience.retry import Backoff, RetryBudget
@@ -100,7 +101,8 @@ async def test_attempts_stop_at_max_attempts() -> None:
 
 
 async def test_retries_never_make_the_breaker_open_sooner() -> None:
-    breaker = BreakerSettings(window_size=10, minimum_calls=5, failure_rate_threshold=0.5)
+    breaker = BreakerSettings(window_type=WindowType.COUNT, window_size=10, minimum_calls=5,
+                              failure_rate_threshold=0.5)
     opened_after: dict[int, int | None] = {}
     for attempts in (1, 3):
         clock = FakeClock()
@@ -118,7 +120,8 @@ async def test_retries_never_make_the_breaker_open_sooner() -> None:
 
 
 async def test_a_hard_down_provider_opens_after_the_same_number_of_calls_with_retries() -> None:
-    breaker = BreakerSettings(window_size=10, minimum_calls=5, failure_rate_threshold=0.5)
+    breaker = BreakerSettings(window_type=WindowType.COUNT, window_size=10, minimum_calls=5,
+                              failure_rate_threshold=0.5)
     calls_to_open = []
     attempts_seen = []
     for attempts in (1, 3):
@@ -166,7 +169,8 @@ def test_the_budget_refills_as_calls_roll_out_of_its_window() -> None:
 
 async def test_no_retries_while_the_breaker_is_half_open() -> None:
     clock = FakeClock()
-    breaker = BreakerSettings(window_size=4, minimum_calls=4, open_wait=10.0,
+    breaker = BreakerSettings(window_type=WindowType.COUNT, window_size=4, minimum_calls=4,
+                              open_wait=10.0,
                               half_open_permits=2)
     provider = Provider(clock, default=FAULT)
     c = chain(clock, breaker=breaker, retry=RetrySettings(max_attempts=5, budget_floor=1000))

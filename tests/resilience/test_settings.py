@@ -35,7 +35,9 @@ def test_from_provider_takes_rate_concurrency_and_timeouts() -> None:
     assert (s.timeouts.connect_timeout, s.timeouts.read_timeout,
             s.timeouts.call_deadline) == (3.0, 15.0, 40.0)
     assert s.timeouts.per_attempt == 18.0
-    assert s.breaker.slow_call_duration == 15.0  # slow = as long as the read timeout
+    # slow = a few seconds, well before a call times out
+    assert s.breaker.slow_call_duration == 5.0
+    assert s.breaker.slow_call_rate_threshold == 0.6
 
 
 def test_override_tables_tune_each_layer() -> None:

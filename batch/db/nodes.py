@@ -1,0 +1,43 @@
+"""The node registry: each process that sends calls gets its number from the database.
+
+The number is the node part of every ``x-api-tran-id`` the process sends (batch/tranid.py),
+so two processes never share one: on either backend it is an autoincrement id, never handed
+out twice, across hosts and restarts. The rows are the seed of the cluster's worker registry
+(``heartbeat_at`` says who is alive; ``stopped_at`` who left cleanly).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import datetime
+
+from sqlalchemy import insert, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from batch.db import schema
+from batch.db.engine import transaction
+
+
+async def register_node(engine: AsyncEngine, *, worker_id: str, run_id: str | None,
+                        now: datetime) -> int:
+    """A new node number for this process (>= 1, never returned before by this database)."""
+    async with transaction(engine) as conn:
+        result = await conn.execute(insert(schema.nodes).values(
+            worker_id=worker_id, host=socket.gethostname(), pid=os.getpid(), run_id=run_id,
+            started_at=now, heartbeat_at=now))
+        node_id = result.inserted_primary_key[0] if result.inserted_primary_key else None
+    if not isinstance(node_id, int):
+        raise AssertionError("the database returned no node id")
+    return node_id
+
+
+async def heartbeat(engine: AsyncEngine, node_id: int, *, now: datetime,
+                    stopped: bool = False) -> None:
+    """Say the node is alive at ``now`` (and, with ``stopped``, that it left cleanly)."""
+    values: dict[str, datetime] = {"heartbeat_at": now}
+    if stopped:
+        values["stopped_at"] = now
+    async with transaction(engine) as conn:
+        await conn.execute(update(schema.nodes).where(schema.nodes.c.node_id == node_id)
+                           .values(**values))
