@@ -36,7 +36,7 @@ from batch.dispatch.policy import RetryPolicy
 from batch.dispatch.provider import DispatchSettings, ProviderDispatcher
 from batch.dispatch.writer import OutcomeWriter
 from batch.errors import InputError, describe
-from batch.observe.session import ObserveOptions, Observability
+from batch.observe.session import Observability, ObserveOptions
 from batch.planner import ProviderLimits, build_week_plan, load_day_plan, save_plan
 from batch.resilience.breaker import State
 from batch.resilience.chain import ProviderChain
