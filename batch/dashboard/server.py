@@ -18,6 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from batch.clock import Clock
 from batch.dashboard.data import Snapshot, load_snapshot
 from batch.dashboard.figures import summary
+from batch.dashboard.health_data import load_run_health
+from batch.dashboard.health_render import run_health_section
 from batch.dashboard.render import render_page
 from batch.errors import ConfigError
 from planning.calendar import KST, week_start
@@ -92,8 +94,10 @@ def make_app(engine: AsyncEngine, clock: Clock, settings: ServerSettings) -> web
             return snap
 
     async def page(request: web.Request) -> web.Response:
-        body = render_page(await snapshot(request), refresh_seconds=settings.refresh_seconds,
-                           live=True)
+        snap = await snapshot(request)
+        health = await load_run_health(engine, day=snap.focus_day, now=clock.now())
+        body = render_page(snap, refresh_seconds=settings.refresh_seconds, live=True,
+                           sections=[run_health_section(health)])
         return web.Response(text=body, content_type="text/html", charset="utf-8",
                             headers=SECURITY_HEADERS)
 

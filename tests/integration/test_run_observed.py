@@ -157,7 +157,7 @@ def by_code_of(stats: dict[str, object], org: str) -> dict[str, int]:
 async def test_check_stays_quiet_on_a_healthy_run_and_logs_are_json_with_context(
         engine: AsyncEngine, db_url: str, tmp_path: Path, log_stream: io.StringIO,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    res, stats, _, text, clock = await observed_run(engine, tmp_path, log_stream,
+    res, _, _, text, clock = await observed_run(engine, tmp_path, log_stream,
                                                     scenario=None, per_provider=60)
     assert res.summary["status"] == "done", res.summary
     assert metric(text, "mydata_retries_total") == 0

@@ -148,7 +148,7 @@ async def test_latency_and_failures_carry_the_tran_id_as_an_exemplar_in_openmetr
     names = {f.name for f in text_string_to_metric_families(text)}
     assert {"mydata_calls", "mydata_call_duration_seconds", "mydata_circuitbreaker_state"
             } <= names
-    assert not list(tmp_path.glob(".*.tmp"))  # the temporary file was renamed away
+    assert [p.name for p in path.parent.iterdir()] == ["mydata.prom"]  # no temporary left
 
 
 def test_labels_are_bounded_to_provider_and_classes() -> None:
