@@ -53,8 +53,7 @@ def _frame(title: str, labels: Sequence[str], ymax: float, unit: str) -> list[st
                      'stroke="#e5e7eb"/>')
         parts.append(f'<text class="axis" x="{LEFT - 6}" y="{y + 3:.1f}" '
                      f'text-anchor="end">{esc(short(v) if ymax >= 10 else f"{v:.2g}")}</text>')
-    parts.append(f'<text class="axis" x="{LEFT - 6}" y="{TOP - 5}" text-anchor="end">'
-                 f"{esc(unit)}</text>")
+    parts.append(f'<text class="axis" x="4" y="{TOP - 5}">{esc(unit)}</text>')
     if labels:
         step = max(1, len(labels) // 8)
         slot = (W - LEFT - RIGHT) / len(labels)
@@ -188,13 +187,16 @@ def totals_table(rows: Sequence[ProviderHealth]) -> str:
             f"</tr></thead><tbody>{body}</tbody></table>")
 
 
+def _figure(caption: str, chart: str) -> str:
+    return (f'<figure style="margin:8px 0 4px"><figcaption class="muted">{esc(caption)}'
+            f"</figcaption>{chart}</figure>")
+
+
 def provider_charts(org: str, rows: Sequence[MinuteRow]) -> str:
     labels = [_label(r) for r in rows]
     retry, maxed = ratio_series(rows)
     kinds = outcome_series(rows)
-    return "".join([
-        f'<details open class="run-health" data-provider="{esc(org)}"><summary>{esc(org)}'
-        "</summary>",
+    charts = [
         bars(f"{org}: planned vs started per minute", labels,
              [("planned", BATCH_PLANNED, [float(r.planned) for r in rows]),
               ("started", BATCH_DONE, [float(r.started) for r in rows])], "refreshes",
@@ -206,10 +208,18 @@ def provider_charts(org: str, rows: Sequence[MinuteRow]) -> str:
                     [r.breaker_state for r in rows]),
         lines(f"{org}: retry and max-attempt ratios per minute", labels,
               [("retried", WARN, retry), ("used every attempt", BAD, maxed)], "ratio"),
-        lines(f"{org}: p99 latency and slice lateness per minute", labels,
-              [("call p99 (ms)", USER, [r.latency_p99_ms for r in rows]),
-               ("slice lateness p99 (ms)", BATCH_DONE, [r.lateness_p99_ms for r in rows])],
-              "ms"),
+        lines(f"{org}: p99 call latency per minute", labels,
+              [("call p99 (ms)", USER, [r.latency_p99_ms for r in rows])], "ms"),
+        lines(f"{org}: p99 slice lateness per minute", labels,
+              [("slice lateness p99 (ms)", BATCH_DONE, [r.lateness_p99_ms for r in rows])],
+              "ms")]
+    captions = ("Planned vs started per minute", "Calls per minute by outcome class",
+                "Breaker state per minute", "Retry and max-attempt ratios per minute",
+                "p99 call latency per minute (end to end, all attempts)",
+                "p99 slice lateness per minute (how late each 100 ms slice started)")
+    return "".join([
+        f'<details open class="run-health" data-provider="{esc(org)}"><summary>{esc(org)}'
+        "</summary>", *(_figure(c, chart) for c, chart in zip(captions, charts, strict=True)),
         "</details>"])
 
 

@@ -29,8 +29,8 @@ async def test_the_page_shows_run_health_charts_and_the_backlog_escaped(week: We
     await add_minutes(week.engine)
     page = await dashboard_html(week.engine, now=NOW)
     assert '<section id="run-health">' in page
-    # five charts per provider with minutes: planned/started, outcomes, breaker, ratios, p99
-    assert page.count('class="chart"') == 5 * 3
+    # six charts per provider: planned/started, outcomes, breaker, ratios, p99, lateness
+    assert page.count('class="chart"') == 6 * 3
     assert "BANK000001: breaker state per minute" in page
     t = Tables(page)
     assert t.row("run-health-totals", BANK)[:3] == ["1,200", "875", "875"]
