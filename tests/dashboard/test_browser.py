@@ -70,8 +70,9 @@ async def test_the_served_dashboard_renders_readable_charts_in_headless_chromium
         assert bound_addresses(running) == ["127.0.0.1"]
         outside = _outside_address()
         if outside is not None:  # the same port on another interface: nobody answers
-            with pytest.raises(httpx.ConnectError):
-                httpx.get(f"http://{outside}:{running.port}/", timeout=3)
+            async with httpx.AsyncClient(timeout=3) as client:
+                with pytest.raises(httpx.ConnectError):
+                    await client.get(f"http://{outside}:{running.port}/")
         async with async_playwright() as pw:
             context = await pw.chromium.launch_persistent_context(
                 str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True,
@@ -106,6 +107,11 @@ async def test_the_served_dashboard_renders_readable_charts_in_headless_chromium
                 await context.close()
     finally:
         await running.stop()
+    _keep(tmp_path, shot)
+
+
+def _keep(tmp_path: Path, shot: Path) -> None:
+    """The screenshots are the artifact: kept in tmp_path, copied to MYDATA_ARTIFACTS."""
     assert shot.stat().st_size > 10_000
     artifacts = os.environ.get("MYDATA_ARTIFACTS")
     if artifacts:
