@@ -35,6 +35,23 @@ def write_textfile(registry: CollectorRegistry, path: Path) -> Path:
     return path
 
 
+async def listen(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str, int]:
+    """Serve ``app`` on host:port (0 picks a free port); returns the runner and where it
+    listens. A port that cannot be bound is one ConfigError line."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    for addr in runner.addresses:
+        if isinstance(addr, tuple):
+            return runner, str(addr[0]), int(addr[1])
+    return runner, host, port  # pragma: no cover - TCP sites always have an address
+
+
 class MetricsServer:
     """``/metrics`` on 127.0.0.1:``port`` (0 picks a free one) for the run's lifetime."""
 
@@ -53,23 +70,8 @@ class MetricsServer:
     async def start(self) -> int:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, HOST, self._port)
-        try:
-            await site.start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise ConfigError(f"cannot serve metrics on {HOST}:{self._port}: "
-                              f"{exc.strerror or exc}") from None
-        self._runner = runner
-        port = self._port
-        for addr in runner.addresses:
-            if isinstance(addr, tuple):
-                port = int(addr[1])
-                break
-        self.port = port
-        return port
+        self._runner, _, self.port = await listen(app, HOST, self._port)
+        return self.port
 
     @property
     def addresses(self) -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left as _bisect
 from collections.abc import Sequence
 
 #: seconds: 5 ms .. 30 s, the range of one MyData call (timeouts end near 10-23 s)
@@ -26,7 +26,7 @@ class Hist:
         self.total = 0.0
 
     def observe(self, value: float, exemplar: str | None = None) -> None:
-        i = bisect_left(self.bounds, value)
+        i = _bisect(self.bounds, value)
         self.counts[i] += 1
         self.total += value
         if exemplar is not None:

@@ -35,6 +35,10 @@ RETRY_KINDS = ("successful_without_retry", "successful_with_retry", "failed_with
 BREAKER_STATES = ("closed", "open", "half_open", "forced_open", "disabled", "metrics_only")
 OPEN_STATES = frozenset({"open", "forced_open"})
 #: RetrySkipped reasons, mapped to a bounded label
+_SUCCESS, _FAULT, _TIMEOUT = Kind.SUCCESS, Kind.FAULT, Kind.TIMEOUT
+_THROTTLED, _REJECTED, _BREAKER = Kind.THROTTLED, Kind.REJECTED, Layer.BREAKER
+_ATTEMPT_TOP = len(ATTEMPT_BUCKETS)
+assert tuple(float(i) for i in range(1, _ATTEMPT_TOP + 1)) == ATTEMPT_BUCKETS
 SKIP_REASONS = {"attempts exhausted": "attempts", "breaker not closed": "breaker",
                 "deadline": "deadline", "retry budget exhausted": "budget"}
 
@@ -121,28 +125,47 @@ class ChainRecorder:
         p = self.providers.get(event.org_code)
         if p is None:
             p = self.provider(event.org_code)
-        self._on[type(event)](p, event)
+        if type(event) is CallFinished:  # the one event of every call: no dispatch
+            self._call(p, event)
+        else:
+            self._on[type(event)](p, event)
 
     # -- one handler per event type ---------------------------------------------------------
 
     def _call(self, p: ProviderCalls, event: Event) -> None:
-        assert isinstance(event, CallFinished)
+        assert type(event) is CallFinished
         o = event.outcome
         kind = o.kind
+        # a plain str key: an Enum member's __hash__ is a Python-level call (hot path)
+        key: str = kind._value_
         n = event.attempts
         m = p.minute
-        p.by_kind[kind] += 1
-        m.by_kind[kind] += 1
-        if kind is Kind.REJECTED:
-            p.breaker_calls["not_permitted" if o.layer is Layer.BREAKER else "ignored"] += 1
+        p.by_kind[key] += 1
+        m.by_kind[key] += 1
+        if kind is _REJECTED:
+            p.breaker_calls["not_permitted" if o.layer is _BREAKER else "ignored"] += 1
             return  # never reached the provider: no attempt, no latency
-        ok = kind is Kind.SUCCESS
-        p.breaker_calls["successful" if ok else "failed" if o.is_failure else "ignored"] += 1
         retried = n > 1
-        p.retry_calls[("successful" if ok else "failed")
-                      + ("_with_retry" if retried else "_without_retry")] += 1
         tran = event.tran_id
-        p.attempts.observe(n)
+        if kind is _SUCCESS:
+            p.breaker_calls["successful"] += 1
+            p.retry_calls["successful_with_retry" if retried
+                          else "successful_without_retry"] += 1
+        else:
+            p.breaker_calls["failed" if kind is _FAULT or kind is _TIMEOUT else "ignored"] += 1
+            p.retry_calls["failed_with_retry" if retried else "failed_without_retry"] += 1
+            if kind is _TIMEOUT:
+                p.unknown += 1
+                if o.rsp_code is None:
+                    p.timeouts += 1
+            elif kind is _THROTTLED:
+                code = o.rsp_code or str(o.http_status or "none")
+                p.by_throttle_code[code] = p.by_throttle_code.get(code, 0) + 1
+            if tran is not None:
+                p.last_failure[key] = (tran, float(n))
+        h = p.attempts  # ATTEMPT_BUCKETS are 1..5: attempt n falls in bucket n - 1
+        h.counts[n - 1 if n <= _ATTEMPT_TOP else _ATTEMPT_TOP] += 1
+        h.total += n
         p.duration.observe(event.duration, tran)
         p.attempt_duration.observe(o.elapsed, tran)
         m.calls += 1
@@ -150,19 +173,12 @@ class ChainRecorder:
         m.latencies.append(event.duration)
         if retried:
             m.retried += 1
-        if p.max_attempts and n >= p.max_attempts:
+            if n >= p.max_attempts > 0:
+                p.used_every_attempt += 1
+                m.max_attempts += 1
+        elif p.max_attempts == 1:
             p.used_every_attempt += 1
             m.max_attempts += 1
-        if not ok:
-            if kind is Kind.TIMEOUT:
-                p.unknown += 1
-                if o.rsp_code is None:
-                    p.timeouts += 1
-            elif kind is Kind.THROTTLED:
-                code = o.rsp_code or str(o.http_status or "none")
-                p.by_throttle_code[code] = p.by_throttle_code.get(code, 0) + 1
-            if tran is not None:
-                p.last_failure[kind] = (tran, float(n))
 
     def _state(self, p: ProviderCalls, event: Event) -> None:
         assert isinstance(event, StateChanged)

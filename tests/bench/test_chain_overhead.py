@@ -107,18 +107,21 @@ async def per_call_us(one: Callable[[], Awaitable[Outcome]]) -> float:
     return (time.perf_counter() - t0) / CALLS * 1e6
 
 
-async def measure(attempt: Attempt) -> tuple[float, float, float]:
-    o, t, b = [], [], []
-    ours_one, theirs_one = ours(attempt), theirs(attempt)
-
+async def interleaved(attempt: Attempt, *ones: Callable[[], Awaitable[Outcome]]
+                      ) -> list[float]:
+    """Median us per call of the bare attempt, then of each of ``ones``, round by round."""
     def bare() -> Awaitable[Outcome]:
         return attempt(23.0)
 
-    for _ in range(ROUNDS):  # interleaved, so drift hits both alike
-        b.append(await per_call_us(bare))
-        o.append(await per_call_us(ours_one))
-        t.append(await per_call_us(theirs_one))
-    return statistics.median(b), statistics.median(o), statistics.median(t)
+    runs: list[list[float]] = [[] for _ in range(len(ones) + 1)]
+    for _ in range(ROUNDS):  # interleaved, so drift hits all alike
+        for i, one in enumerate((bare, *ones)):
+            runs[i].append(await per_call_us(one))
+    return [statistics.median(r) for r in runs]
+
+
+async def measure(attempt: Attempt) -> list[float]:
+    return await interleaved(attempt, ours(attempt), theirs(attempt))
 
 
 def test_chain_overhead_vs_peer_composition() -> None:
@@ -138,30 +141,20 @@ def test_chain_overhead_vs_peer_composition() -> None:
         assert o > 0 and t > 0
 
 
-async def measure_metrics(attempt: Attempt) -> tuple[float, float, float, int]:
+async def measure_metrics(attempt: Attempt) -> tuple[list[float], int]:
     """Median us per call: bare attempt, chain without listeners, chain with the run's."""
     recorder = ChainRecorder()
     recorder.track("BANK000001", max_attempts=3)
     listeners: list[Listener] = [recorder, EventLog(clock=SystemClock())]
-    b, off, on = [], [], []
-    off_one, on_one = ours(attempt), ours(attempt, listeners)
-
-    def bare() -> Awaitable[Outcome]:
-        return attempt(23.0)
-
-    for _ in range(ROUNDS):  # interleaved, so drift hits both alike
-        b.append(await per_call_us(bare))
-        off.append(await per_call_us(off_one))
-        on.append(await per_call_us(on_one))
-    calls = recorder.providers["BANK000001"].by_kind["success"]
-    return statistics.median(b), statistics.median(off), statistics.median(on), calls
+    medians = await interleaved(attempt, ours(attempt), ours(attempt, listeners))
+    return medians, recorder.providers["BANK000001"].by_kind["success"]
 
 
 def test_metrics_cost_on_the_hot_path_on_vs_off() -> None:
     print()
     for name, attempt in (("attempt returns at once", noop_attempt),
                           ("attempt yields once", yielding_attempt)):
-        base, off, on, calls = asyncio.run(measure_metrics(attempt))
+        (base, off, on), calls = asyncio.run(measure_metrics(attempt))
         extra = on - off
         met = "met" if extra < 5.0 else "NOT met"
         print(f"[{name}] bare {base:6.2f} us | chain, metrics off {off:6.2f} us (overhead "

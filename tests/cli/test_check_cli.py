@@ -28,3 +28,8 @@ def test_an_unknown_threshold_key_is_one_line_and_exit_2(sqlite_url: str,
 def test_check_is_registered() -> None:
     out = CliRunner().invoke(main, ["--help"])
     assert "check" in out.output
+
+
+def test_run_offers_the_metrics_port_and_textfile() -> None:
+    out = CliRunner().invoke(main, ["run", "--help"])
+    assert "--metrics-port" in out.output and "--metrics-textfile" in out.output
