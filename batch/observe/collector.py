@@ -4,6 +4,23 @@ Reads the chain recorder's totals, each dispatcher's ``ProviderStats`` (queue de
 lateness, planned vs started) and the last database state; nothing here runs per call.
 Labels are bounded: ``provider`` (an org_code), an outcome class, a breaker state, a layer
 or reason from a fixed list. Exemplars carry the ``x-api-tran-id`` (OpenMetrics only).
+
+    chain       mydata_calls_total{outcome}, mydata_circuitbreaker_calls_total{kind},
+                mydata_circuitbreaker_state{state}, mydata_circuitbreaker_transitions_total,
+                mydata_retry_calls_total{kind}, mydata_retries_total,
+                mydata_retry_skipped_total{reason}, mydata_calls_max_attempts_total,
+                mydata_calls_max_attempts_ratio, mydata_call_attempts (histogram),
+                mydata_call_duration_seconds, mydata_attempt_duration_seconds,
+                mydata_call_timeouts_total, mydata_call_unknown_outcomes_total,
+                mydata_throttled_calls_total{code}, mydata_rejections_total{layer},
+                mydata_ratelimiter_adjustments_total{reason}, mydata_ratelimiter_rate
+    dispatcher  mydata_dispatch_queue_depth, _in_flight, _remaining, _day_quota,
+                _minute_planned, _minute_started, _started_total, _provider_calls_total,
+                _missed_slices_total, _skipped_breaker_open_total, _dead_lettered_total,
+                _refreshes_total{action}, mydata_dispatch_slice_lateness_seconds
+    database    mydata_dead_letters, mydata_dead_letter_oldest_age_seconds,
+                mydata_consents_overdue, mydata_last_successful_run_timestamp_seconds,
+                mydata_state_read_timestamp_seconds; mydata_run_start_timestamp_seconds
 """
 
 from __future__ import annotations

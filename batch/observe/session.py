@@ -70,6 +70,8 @@ class Observability:
         self._minute_seen: dict[str, int] = {}
         self._late_seen: dict[str, int] = {}
         self._minute_at = self._floor(clock.now())
+        #: set after each export (tests wait on it instead of sleeping)
+        self.exported = asyncio.Event()
 
     @property
     def listeners(self) -> tuple[Listener, ...]:
@@ -138,6 +140,7 @@ class Observability:
                 "action": "run_minutes_failed", "run_id": self.run_id, "error": describe(exc)})
         await self._read_state()
         self._write_textfile()
+        self.exported.set()
 
     def cut(self) -> list[MinuteRow]:
         """Fold everything since the last cut into the rows; returns the rows touched."""

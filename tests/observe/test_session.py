@@ -85,3 +85,26 @@ async def test_minutes_are_cut_per_provider_upserted_and_exported(
     assert got[("mydata_dispatch_queue_depth", ORG)] == 1
     assert got[("mydata_dispatch_slice_lateness_seconds_count", ORG)] == 3
     assert got[("mydata_last_successful_run_timestamp_seconds", None)] == 0
+
+
+async def test_every_minute_boundary_writes_the_rows_and_the_textfile(
+        engine: AsyncEngine, tmp_path: Path) -> None:
+    clock = FakeClock(datetime(2026, 11, 30, 1, 0, 50, tzinfo=KST))
+    textfile = tmp_path / "m.prom"
+    obs = Observability(engine, clock=clock, run_id="run-1", day=DAY,
+                        options=ObserveOptions(metrics_textfile=textfile))
+    chain = ProviderChain(ORG, ChainSettings(), clock=clock, listeners=obs.listeners)
+    await obs.start({ORG: chain}, [])
+    try:
+        await drive(clock, chain.call(Provider(clock, [OK])))
+        assert not textfile.exists()
+        obs.exported.clear()
+        await clock.run_for(11)  # 01:01:01: the 01:01 boundary has passed
+        await asyncio.wait_for(obs.exported.wait(), 30)  # real I/O, not time
+        assert textfile.exists()
+        async with engine.connect() as conn:
+            rows = (await conn.execute(select(schema.run_minutes))).all()
+        assert [(r.minute_at.astimezone(KST).strftime("%H:%M"), r.calls) for r in rows] == [
+            ("01:00", 1)]
+    finally:
+        await obs.stop()
