@@ -89,7 +89,7 @@ def _register() -> None:
     import importlib
 
     for name in ("db", "load", "seed", "plan", "run", "dashboard", "simulate", "demo",
-                 "requeue"):
+                 "requeue", "check"):
         try:
             importlib.import_module(f"batch.cli.{name}")
         except ModuleNotFoundError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import click
 
@@ -33,10 +34,17 @@ from planning.windows import Window
               help="Items per page of list calls (MYDATA.md: at most 500).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
+              help="Serve Prometheus metrics on http://127.0.0.1:PORT/metrics while running.")
+@click.option("--metrics-textfile", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, metavar="FILE.prom",
+              help="Write the metrics to FILE.prom (node exporter textfile collector format), "
+                   "atomically, every minute and at the end.")
 @click.pass_obj
 def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ...],
             as_json: bool, lease_seconds: int, grace_seconds: float, progress: str,
-            worker_id: str | None, page_limit: int, log_level: str) -> None:
+            worker_id: str | None, page_limit: int, log_level: str,
+            metrics_port: int | None, metrics_textfile: Path | None) -> None:
     """Run today's plan inside the providers' windows, then print the summary.
 
     Exit codes: 0 the day's work is done; 1 work left undone or failures an operator must
@@ -50,6 +58,7 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
     from batch.db.engine import make_engine
     from batch.dispatch.runner import RunOptions, format_summary, run_day
     from batch.logs import setup_logging
+    from batch.observe.session import ObserveOptions
 
     kwargs: dict[str, object] = {}
     if worker_id:
@@ -57,9 +66,11 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
     options = RunOptions(
         window_override=tuple(windows) or None, only=tuple(only),
         lease=timedelta(seconds=lease_seconds), grace_seconds=grace_seconds,
-        progress=progress, page_limit=page_limit, **kwargs,  # type: ignore[arg-type]
+        progress=progress, page_limit=page_limit,
+        observe=ObserveOptions(metrics_port=metrics_port, metrics_textfile=metrics_textfile),
+        **kwargs,  # type: ignore[arg-type]
     )
-    setup_logging(level=log_level, run_id=options.run_id)
+    setup_logging(level=log_level, run_id=options.run_id, worker_id=options.worker_id)
     clock = clock_from_env()
 
     async def go() -> tuple[dict[str, object], int]:

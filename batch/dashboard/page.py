@@ -9,6 +9,8 @@ from pathlib import Path
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.dashboard.data import load_snapshot
+from batch.dashboard.health_data import load_run_health
+from batch.dashboard.health_render import run_health_section
 from batch.dashboard.render import render_page
 from batch.errors import InputError
 from planning.calendar import KST
@@ -17,7 +19,8 @@ from planning.calendar import KST
 async def dashboard_html(engine: AsyncEngine, *, now: datetime, week: date | None = None) -> str:
     """The self-contained page for the week holding ``week`` (default: ``now``'s KST week)."""
     snap = await load_snapshot(engine, week=week or now.astimezone(KST).date(), now=now)
-    return render_page(snap)
+    health = await load_run_health(engine, day=snap.focus_day, now=now)
+    return render_page(snap, sections=[run_health_section(health)])
 
 
 def write_page(page: str, path: Path) -> Path:

@@ -469,9 +469,10 @@ def config_notice(snap: Snapshot) -> str:
 
 
 def render_page(snap: Snapshot, *, refresh_seconds: int | None = None,
-                live: bool = False) -> str:
+                live: bool = False, sections: Sequence[str] = ()) -> str:
     """The whole page; ``refresh_seconds`` adds a meta refresh, ``live`` week links (both
-    for the live server; a written file has neither, so it never points anywhere)."""
+    for the live server; a written file has neither, so it never points anywhere);
+    ``sections``: rendered sections appended at the end (run health per minute)."""
     rows = progress(snap)
     focus = ("today" if snap.focus_day == snap.today else "last day of that week"
              if snap.focus_day < snap.today else "first day of that week")
@@ -532,7 +533,7 @@ def render_page(snap: Snapshot, *, refresh_seconds: int | None = None,
         f"<h3>Outcomes on {esc(day_label(snap.focus_day))}, by kind and action</h3>",
         outcomes_table(snap),
         "<h3>Dead letters open</h3>", dead_letters_html(snap),
-        "<h3>Capacity problems</h3>", capacity_html(snap),
-        "</section></main></body></html>",
+        "<h3>Capacity problems</h3>", capacity_html(snap), "</section>",
+        *sections, "</main></body></html>",
     ]
     return "\n".join(p for p in parts if p)

@@ -18,8 +18,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from batch.clock import Clock
 from batch.dashboard.data import Snapshot, load_snapshot
 from batch.dashboard.figures import summary
+from batch.dashboard.health_data import load_run_health
+from batch.dashboard.health_render import run_health_section
 from batch.dashboard.render import render_page
-from batch.errors import ConfigError
+from batch.observe.exposition import listen
 from planning.calendar import KST, week_start
 
 DEFAULT_HOST = "127.0.0.1"
@@ -92,8 +94,10 @@ def make_app(engine: AsyncEngine, clock: Clock, settings: ServerSettings) -> web
             return snap
 
     async def page(request: web.Request) -> web.Response:
-        body = render_page(await snapshot(request), refresh_seconds=settings.refresh_seconds,
-                           live=True)
+        snap = await snapshot(request)
+        health = await load_run_health(engine, day=snap.focus_day, now=clock.now())
+        body = render_page(snap, refresh_seconds=settings.refresh_seconds, live=True,
+                           sections=[run_health_section(health)])
         return web.Response(text=body, content_type="text/html", charset="utf-8",
                             headers=SECURITY_HEADERS)
 
@@ -127,20 +131,8 @@ class Running:
 
 async def start(engine: AsyncEngine, clock: Clock, settings: ServerSettings) -> Running:
     """Start serving (port 0 picks a free port) and return at once."""
-    runner = web.AppRunner(make_app(engine, clock, settings), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        raise ConfigError(f"cannot listen on {settings.host}:{settings.port}: "
-                          f"{exc.strerror or exc}") from None
-    host, port = settings.host, settings.port
-    for sock in runner.addresses:
-        if isinstance(sock, tuple):
-            host, port = str(sock[0]), int(sock[1])
-            break
+    runner, host, port = await listen(make_app(engine, clock, settings), settings.host,
+                                      settings.port)
     return Running(runner, host, port)
 
 

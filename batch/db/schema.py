@@ -211,4 +211,31 @@ nodes = Table(
     sqlite_autoincrement=True,  # never hand out a number twice, even after a delete
 )
 
-SCHEMA_VERSION = 4
+# One row per provider per minute of a run, written by the run's observability (batch/observe/):
+# what `check` and the dashboard's run-health section read. sql/007_run_minutes.sql's twin.
+run_minutes = Table(
+    "run_minutes", metadata,
+    Column("run_id", Text, primary_key=True),
+    Column("org_code", String(10), primary_key=True),
+    Column("minute_at", UTCDateTime, primary_key=True),
+    Column("planned", Integer, nullable=False, server_default="0"),
+    Column("started", Integer, nullable=False, server_default="0"),
+    Column("calls", Integer, nullable=False, server_default="0"),
+    Column("success", Integer, nullable=False, server_default="0"),
+    Column("fault", Integer, nullable=False, server_default="0"),
+    Column("timeout", Integer, nullable=False, server_default="0"),
+    Column("throttled", Integer, nullable=False, server_default="0"),
+    Column("consent", Integer, nullable=False, server_default="0"),
+    Column("client", Integer, nullable=False, server_default="0"),
+    Column("rejected", Integer, nullable=False, server_default="0"),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("retried", Integer, nullable=False, server_default="0"),
+    Column("max_attempts", Integer, nullable=False, server_default="0"),
+    Column("latency_p99_ms", Float),
+    Column("lateness_p99_ms", Float),
+    Column("breaker_state", Text, nullable=False, server_default="closed"),
+    Column("breaker_open_seconds", Float, nullable=False, server_default="0"),
+)
+Index("run_minutes_at_idx", run_minutes.c.org_code, run_minutes.c.minute_at)
+
+SCHEMA_VERSION = 7

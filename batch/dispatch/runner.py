@@ -37,6 +37,7 @@ from batch.dispatch.policy import RetryPolicy
 from batch.dispatch.provider import DispatchSettings, ProviderDispatcher
 from batch.dispatch.writer import OutcomeWriter
 from batch.errors import InputError, describe
+from batch.observe.session import Observability, ObserveOptions
 from batch.planner import ProviderLimits, build_week_plan, load_day_plan, save_plan
 from batch.resilience.breaker import State
 from batch.resilience.chain import ProviderChain
@@ -66,6 +67,7 @@ class RunOptions:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     max_connections: int = 200
     page_limit: int = 500
+    observe: ObserveOptions = field(default_factory=ObserveOptions)  # issue 11: metrics
 
     def __post_init__(self) -> None:
         if self.grace_seconds < 0:
@@ -134,6 +136,8 @@ async def run_day(
     policy_by_org: dict[str, RetryPolicy] = {}
     dispatchers: list[ProviderDispatcher] = []
     chains: dict[str, ProviderChain] = {}
+    obs = Observability(engine, clock=clock, run_id=options.run_id, day=today,
+                        options=options.observe)  # issue 11: metrics, minute rows, event logs
     for p in providers:
         plan = plans.get(p.org_code)
         quota = plan.batch_quota if plan else 0
@@ -145,7 +149,8 @@ async def run_day(
         else:
             open_minutes = day_minutes(p.windows)
             minutes = dict(plan.minutes) if plan else {}
-        chain = ProviderChain(p.org_code, ChainSettings.from_provider(p), clock=clock)
+        chain = ProviderChain(p.org_code, ChainSettings.from_provider(p), clock=clock,
+                              listeners=obs.listeners)
         chains[p.org_code] = chain
         client = MydataClient(p, http=http, chain=chain, tran_ids=tran_ids, clock=clock,
                               page_limit=options.page_limit)
@@ -159,6 +164,7 @@ async def run_day(
             breaker_open=_open_check(chain), breaker_state=_state_of(chain),
         ))
 
+    await obs.start(chains, dispatchers)  # issue 11: the port, the minute export
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals: list[signal.Signals] = []
@@ -183,6 +189,7 @@ async def run_day(
         persisted = await writer.close()
         await asyncio.gather(writer_task, return_exceptions=True)
         await http.aclose()
+        await obs.stop()  # issue 11: last minute rows, the port closed
         for sig in signals:
             loop.remove_signal_handler(sig)
     elapsed = clock.monotonic() - t0
@@ -221,6 +228,7 @@ async def run_day(
         log.error("could not store the run summary", extra={
             "action": "summary_failed", "run_id": options.run_id,
             "error": describe(exc)})
+    await obs.close()  # issue 11: the gauges re-read (this run's status), the last textfile
     return RunResult(summary, exit_code)
 
 

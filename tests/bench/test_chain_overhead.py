@@ -6,7 +6,9 @@ tornado, so aiobreaker is the asyncio peer). Both wrap a no-op attempt that retu
 success; the bare attempt's own cost is subtracted. Two attempts: one that returns at once
 (never yields to the event loop, so the loop never purges cancelled timer handles: the
 worst case for anything built on asyncio.timeout) and one that yields once, as real I/O
-always does. Run:
+always does. The last test runs our chain with the run's observability listeners attached
+(the metrics recorder and the event log, as ``run`` attaches them) beside the same chain
+without listeners, interleaved in one run (goal: under 5 us a call more). Run:
 
     PYTHONPATH=$PWD .venv/bin/python -m pytest -s tests/bench/test_chain_overhead.py
 """
@@ -17,7 +19,7 @@ import asyncio
 import gc
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 
 import aiobreaker
@@ -25,6 +27,8 @@ from aiolimiter import AsyncLimiter
 from tenacity import AsyncRetrying, retry_if_result, stop_after_attempt, wait_random_exponential
 
 from batch.clock import SystemClock
+from batch.observe.logbook import EventLog
+from batch.observe.recorder import ChainRecorder
 from batch.resilience import (
     BulkheadSettings,
     ChainSettings,
@@ -32,6 +36,7 @@ from batch.resilience import (
     ProviderChain,
     RetrySettings,
 )
+from batch.resilience.events import Listener
 from batch.resilience.outcomes import Kind, Outcome
 
 CALLS = 20_000
@@ -53,13 +58,14 @@ async def yielding_attempt(timeout_s: float) -> Outcome:
 Attempt = Callable[[float], Awaitable[Outcome]]
 
 
-def ours(attempt: Attempt) -> Callable[[], Awaitable[Outcome]]:
+def ours(attempt: Attempt, listeners: Sequence[Listener] = ()
+         ) -> Callable[[], Awaitable[Outcome]]:
     settings = ChainSettings(
         retry=RetrySettings(max_attempts=3),
         limiter=LimiterSettings(calls_per_second=RATE, burst=10),
         bulkhead=BulkheadSettings(max_concurrent=20, max_wait=1.0),
     )
-    chain = ProviderChain("BANK000001", settings, clock=SystemClock())
+    chain = ProviderChain("BANK000001", settings, clock=SystemClock(), listeners=listeners)
 
     def one() -> Awaitable[Outcome]:
         return chain.call(attempt)
@@ -101,18 +107,21 @@ async def per_call_us(one: Callable[[], Awaitable[Outcome]]) -> float:
     return (time.perf_counter() - t0) / CALLS * 1e6
 
 
-async def measure(attempt: Attempt) -> tuple[float, float, float]:
-    o, t, b = [], [], []
-    ours_one, theirs_one = ours(attempt), theirs(attempt)
-
+async def interleaved(attempt: Attempt, *ones: Callable[[], Awaitable[Outcome]]
+                      ) -> list[float]:
+    """Median us per call of the bare attempt, then of each of ``ones``, round by round."""
     def bare() -> Awaitable[Outcome]:
         return attempt(23.0)
 
-    for _ in range(ROUNDS):  # interleaved, so drift hits both alike
-        b.append(await per_call_us(bare))
-        o.append(await per_call_us(ours_one))
-        t.append(await per_call_us(theirs_one))
-    return statistics.median(b), statistics.median(o), statistics.median(t)
+    runs: list[list[float]] = [[] for _ in range(len(ones) + 1)]
+    for _ in range(ROUNDS):  # interleaved, so drift hits all alike
+        for i, one in enumerate((bare, *ones)):
+            runs[i].append(await per_call_us(one))
+    return [statistics.median(r) for r in runs]
+
+
+async def measure(attempt: Attempt) -> list[float]:
+    return await interleaved(attempt, ours(attempt), theirs(attempt))
 
 
 def test_chain_overhead_vs_peer_composition() -> None:
@@ -130,3 +139,26 @@ def test_chain_overhead_vs_peer_composition() -> None:
               f" | goal (<= 0.5 and < 20 us): {met}")
         # Sanity only (not a timing assertion): both compositions really ran.
         assert o > 0 and t > 0
+
+
+async def measure_metrics(attempt: Attempt) -> tuple[list[float], int]:
+    """Median us per call: bare attempt, chain without listeners, chain with the run's."""
+    recorder = ChainRecorder()
+    recorder.track("BANK000001", max_attempts=3)
+    listeners: list[Listener] = [recorder, EventLog(clock=SystemClock())]
+    medians = await interleaved(attempt, ours(attempt), ours(attempt, listeners))
+    return medians, recorder.providers["BANK000001"].by_kind["success"]
+
+
+def test_metrics_cost_on_the_hot_path_on_vs_off() -> None:
+    print()
+    for name, attempt in (("attempt returns at once", noop_attempt),
+                          ("attempt yields once", yielding_attempt)):
+        (base, off, on), calls = asyncio.run(measure_metrics(attempt))
+        extra = on - off
+        met = "met" if extra < 5.0 else "NOT met"
+        print(f"[{name}] bare {base:6.2f} us | chain, metrics off {off:6.2f} us (overhead "
+              f"{off - base:6.2f}) | metrics on {on:6.2f} us (overhead {on - base:6.2f}) | "
+              f"metrics cost {extra:5.2f} us a call | goal (< 5 us): {met}")
+        # Sanity only (not a timing assertion): the listener really counted every call.
+        assert calls == ROUNDS * (CALLS + 500)

@@ -1,0 +1,228 @@
+"""The chain listener that counts what every provider's chain did.
+
+It is called synchronously for each event on the hot path, so it only bumps plain ints and
+appends to lists in slotted objects: no locks, no label lookups, no Prometheus objects. The
+collector turns these numbers into metric families at collection time, and the session
+swaps each provider's per-minute counts into a ``run_minutes`` row once a minute.
+
+Classes follow Resilience4j: the breaker's calls are ``successful`` / ``failed`` (a fault or
+a timeout) / ``ignored`` (neutral: consent, client, throttled, our refusals after admission)
+/ ``not_permitted`` (refused by an open breaker); the retry's are split by whether the call
+succeeded and whether it was retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from batch.observe.hist import ATTEMPT_BUCKETS, LATENCY_BUCKETS, Hist
+from batch.resilience.events import (
+    CallFinished,
+    Event,
+    RateAdjusted,
+    Rejected,
+    RetryScheduled,
+    RetrySkipped,
+    StateChanged,
+)
+from batch.resilience.outcomes import Kind, Layer
+
+KINDS = tuple(k.value for k in Kind)
+BREAKER_KINDS = ("successful", "failed", "ignored", "not_permitted")
+RETRY_KINDS = ("successful_without_retry", "successful_with_retry", "failed_with_retry",
+               "failed_without_retry")
+BREAKER_STATES = ("closed", "open", "half_open", "forced_open", "disabled", "metrics_only")
+OPEN_STATES = frozenset({"open", "forced_open"})
+#: RetrySkipped reasons, mapped to a bounded label
+_SUCCESS, _FAULT, _TIMEOUT = Kind.SUCCESS, Kind.FAULT, Kind.TIMEOUT
+_THROTTLED, _REJECTED, _BREAKER = Kind.THROTTLED, Kind.REJECTED, Layer.BREAKER
+_ATTEMPT_TOP = len(ATTEMPT_BUCKETS)
+assert tuple(float(i) for i in range(1, _ATTEMPT_TOP + 1)) == ATTEMPT_BUCKETS
+SKIP_REASONS = {"attempts exhausted": "attempts", "breaker not closed": "breaker",
+                "deadline": "deadline", "retry budget exhausted": "budget"}
+
+
+def rate_reason(reason: str) -> str:
+    """RateAdjusted's reason as a bounded label: throttled, paused, retry_after, recovered."""
+    if reason.startswith("paused"):
+        return "paused"
+    if reason == "retry-after":
+        return "retry_after"
+    return reason if reason in ("throttled", "recovered") else "other"
+
+
+@dataclass(slots=True)
+class MinuteCounts:
+    """What one provider's chain did since the last minute row was cut."""
+
+    by_kind: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    calls: int = 0
+    attempts: int = 0
+    retried: int = 0
+    max_attempts: int = 0
+    latencies: list[float] = field(default_factory=list)
+    open_seconds: float = 0.0
+    worst_state: str = "closed"
+
+
+@dataclass(slots=True)
+class ProviderCalls:
+    """Running totals for one provider since the run started."""
+
+    org_code: str
+    max_attempts: int = 0  # the chain's retry.max_attempts; 0 while unknown
+    by_kind: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    breaker_calls: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(BREAKER_KINDS, 0))
+    retry_calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RETRY_KINDS, 0))
+    used_every_attempt: int = 0
+    timeouts: int = 0
+    unknown: int = 0
+    by_throttle_code: dict[str, int] = field(default_factory=dict)
+    rejections: dict[str, int] = field(default_factory=dict)
+    retries_scheduled: int = 0
+    retries_skipped: dict[str, int] = field(default_factory=dict)
+    transitions: dict[tuple[str, str], int] = field(default_factory=dict)
+    rate_changes: dict[str, int] = field(default_factory=dict)
+    state: str = "closed"
+    open_since: float | None = None
+    rate: float | None = None
+    attempts: Hist = field(default_factory=lambda: Hist(ATTEMPT_BUCKETS))
+    duration: Hist = field(default_factory=lambda: Hist(LATENCY_BUCKETS))
+    attempt_duration: Hist = field(default_factory=lambda: Hist(LATENCY_BUCKETS))
+    #: the x-api-tran-id of the last failed call per outcome class (an exemplar)
+    last_failure: dict[str, tuple[str, float]] = field(default_factory=dict)
+    minute: MinuteCounts = field(default_factory=MinuteCounts)
+
+
+class ChainRecorder:
+    """A :class:`~batch.resilience.events.Listener` for every provider's chain at once."""
+
+    __slots__ = ("_on", "providers")
+
+    def __init__(self) -> None:
+        self.providers: dict[str, ProviderCalls] = {}
+        self._on: dict[type, Callable[[ProviderCalls, Event], None]] = {
+            CallFinished: self._call, StateChanged: self._state, Rejected: self._rejected,
+            RetryScheduled: self._retry, RetrySkipped: self._skipped,
+            RateAdjusted: self._rate,
+        }
+
+    def track(self, org_code: str, *, max_attempts: int) -> ProviderCalls:
+        """Know a provider before its first event (its series exist from the start)."""
+        p = self.provider(org_code)
+        p.max_attempts = max_attempts
+        return p
+
+    def provider(self, org_code: str) -> ProviderCalls:
+        p = self.providers.get(org_code)
+        if p is None:
+            p = self.providers[org_code] = ProviderCalls(org_code)
+        return p
+
+    def __call__(self, event: Event, /) -> None:
+        p = self.providers.get(event.org_code)
+        if p is None:
+            p = self.provider(event.org_code)
+        if type(event) is CallFinished:  # the one event of every call: no dispatch
+            self._call(p, event)
+        else:
+            self._on[type(event)](p, event)
+
+    # -- one handler per event type ---------------------------------------------------------
+
+    def _call(self, p: ProviderCalls, event: Event) -> None:
+        assert type(event) is CallFinished
+        o = event.outcome
+        kind = o.kind
+        # a plain str key: an Enum member's __hash__ is a Python-level call (hot path)
+        key: str = kind._value_
+        n = event.attempts
+        m = p.minute
+        p.by_kind[key] += 1
+        m.by_kind[key] += 1
+        if kind is _REJECTED:
+            p.breaker_calls["not_permitted" if o.layer is _BREAKER else "ignored"] += 1
+            return  # never reached the provider: no attempt, no latency
+        retried = n > 1
+        tran = event.tran_id
+        if kind is _SUCCESS:
+            p.breaker_calls["successful"] += 1
+            p.retry_calls["successful_with_retry" if retried
+                          else "successful_without_retry"] += 1
+        else:
+            p.breaker_calls["failed" if kind is _FAULT or kind is _TIMEOUT else "ignored"] += 1
+            p.retry_calls["failed_with_retry" if retried else "failed_without_retry"] += 1
+            if kind is _TIMEOUT:
+                p.unknown += 1
+                if o.rsp_code is None:
+                    p.timeouts += 1
+            elif kind is _THROTTLED:
+                code = o.rsp_code or str(o.http_status or "none")
+                p.by_throttle_code[code] = p.by_throttle_code.get(code, 0) + 1
+            if tran is not None:
+                p.last_failure[key] = (tran, float(n))
+        h = p.attempts  # ATTEMPT_BUCKETS are 1..5: attempt n falls in bucket n - 1
+        h.counts[n - 1 if n <= _ATTEMPT_TOP else _ATTEMPT_TOP] += 1
+        h.total += n
+        p.duration.observe(event.duration, tran)
+        p.attempt_duration.observe(o.elapsed, tran)
+        m.calls += 1
+        m.attempts += n
+        m.latencies.append(event.duration)
+        if retried:
+            m.retried += 1
+            if n >= p.max_attempts > 0:
+                p.used_every_attempt += 1
+                m.max_attempts += 1
+        elif p.max_attempts == 1:
+            p.used_every_attempt += 1
+            m.max_attempts += 1
+
+    def _state(self, p: ProviderCalls, event: Event) -> None:
+        assert isinstance(event, StateChanged)
+        key = (event.old, event.new)
+        p.transitions[key] = p.transitions.get(key, 0) + 1
+        if p.open_since is not None:
+            p.minute.open_seconds += max(0.0, event.at - p.open_since)
+            p.open_since = None
+        if event.new in OPEN_STATES:
+            p.open_since = event.at
+            p.minute.worst_state = event.new
+        elif p.minute.worst_state not in OPEN_STATES:
+            p.minute.worst_state = event.new
+        p.state = event.new
+
+    def _rejected(self, p: ProviderCalls, event: Event) -> None:
+        assert isinstance(event, Rejected)
+        layer = str(event.layer)
+        p.rejections[layer] = p.rejections.get(layer, 0) + 1
+
+    def _retry(self, p: ProviderCalls, event: Event) -> None:
+        p.retries_scheduled += 1
+
+    def _skipped(self, p: ProviderCalls, event: Event) -> None:
+        assert isinstance(event, RetrySkipped)
+        reason = SKIP_REASONS.get(event.reason, "other")
+        p.retries_skipped[reason] = p.retries_skipped.get(reason, 0) + 1
+        if reason == "budget":
+            p.rejections["retry_budget"] = p.rejections.get("retry_budget", 0) + 1
+
+    def _rate(self, p: ProviderCalls, event: Event) -> None:
+        assert isinstance(event, RateAdjusted)
+        reason = rate_reason(event.reason)
+        p.rate_changes[reason] = p.rate_changes.get(reason, 0) + 1
+        p.rate = event.rate
+
+    # -- the minute rows ---------------------------------------------------------------------
+
+    def cut_minute(self, org_code: str, now: float) -> MinuteCounts:
+        """Hand over the provider's counts since the last cut and start afresh at ``now``."""
+        p = self.provider(org_code)
+        m = p.minute
+        if p.open_since is not None:
+            m.open_seconds += max(0.0, now - p.open_since)
+            p.open_since = now
+        p.minute = MinuteCounts(worst_state=p.state)
+        return m

@@ -1,0 +1,110 @@
+"""The run's Observability: minute rows cut per provider and upserted, the textfile, the
+127.0.0.1 port with OpenMetrics exemplars. Time is a FakeClock; the database is real."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import date, datetime
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from batch.clock import KST, FakeClock
+from batch.db import schema
+from batch.dispatch.stats import MinuteRecord, ProviderStats
+from batch.observe.session import Observability, ObserveOptions
+from batch.resilience import ChainSettings, LimiterSettings, RetrySettings
+from batch.resilience.chain import ProviderChain
+from tests.resilience.fakes import FAULT, OK, Provider, drive
+
+ORG = "BANK000001"
+DAY = date(2026, 11, 30)
+
+
+class FakeDispatcher:
+    def __init__(self) -> None:
+        self.org_code = ORG
+        self.stats = ProviderStats(ORG, day_quota=50)
+        self._queue: asyncio.Queue[int] = asyncio.Queue()
+
+    @property
+    def remaining(self) -> int:
+        return 50 - self.stats.started
+
+
+async def test_minutes_are_cut_per_provider_upserted_and_exported(
+        engine: AsyncEngine, tmp_path: Path) -> None:
+    clock = FakeClock(datetime(2026, 11, 30, 1, 0, 5, tzinfo=KST))
+    textfile = tmp_path / "m.prom"
+    obs = Observability(engine, clock=clock, run_id="run-1", day=DAY,
+                        options=ObserveOptions(metrics_port=0, metrics_textfile=textfile))
+    chain = ProviderChain(ORG, ChainSettings(
+        retry=RetrySettings(max_attempts=2, budget_floor=100),
+        limiter=LimiterSettings(calls_per_second=1e6, burst=1000)),
+        clock=clock, random=lambda: 0.0, listeners=obs.listeners)
+    d = FakeDispatcher()
+    d._queue.put_nowait(7)
+    await obs.start({ORG: chain}, [d])
+    try:
+        assert obs._server is not None and obs._server.addresses == ["127.0.0.1"]
+        for answers in ([OK], [FAULT, OK], [FAULT, FAULT]):
+            await drive(clock, chain.call(Provider(clock, answers, latency=0.05)))
+        d.stats.lateness += [0.001, 0.002, 0.2]
+        d.stats.minutes.append(MinuteRecord(60, 40, 3))  # minute 01:00
+        async with httpx.AsyncClient(timeout=10) as client:
+            om = (await client.get(f"http://127.0.0.1:{obs.metrics_port}/metrics",
+                                   headers={"Accept": "application/openmetrics-text"})).text
+        assert 'trace_id="OPERATOR01T' in om
+        clock.advance(60)  # 01:01:05: the next minute has begun
+        await obs.export()
+        await drive(clock, chain.call(Provider(clock, [OK])))
+    finally:
+        await obs.stop()
+    assert obs._server is None
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(schema.run_minutes).order_by(
+            schema.run_minutes.c.minute_at))).all()
+    assert [r.minute_at.astimezone(KST).strftime("%H:%M") for r in rows] == ["01:00", "01:01"]
+    first, second = rows
+    assert (first.planned, first.started, first.calls, first.success, first.fault) == (
+        40, 3, 3, 2, 1)
+    assert (first.attempts, first.retried, first.max_attempts) == (5, 2, 2)  # both retried
+    assert first.latency_p99_ms is not None and first.latency_p99_ms >= 100
+    assert first.lateness_p99_ms == 200.0
+    assert (second.calls, second.success, second.planned) == (1, 1, 0)
+    text = textfile.read_text()
+    got: dict[tuple[str, str | None], float] = {}
+    for f in text_string_to_metric_families(text):
+        for s in f.samples:
+            key = (s.name, s.labels.get("provider"))
+            got[key] = got.get(key, 0.0) + s.value  # summed over the other labels
+    assert got[("mydata_calls_total", ORG)] == 4
+    assert got[("mydata_dispatch_queue_depth", ORG)] == 1
+    assert got[("mydata_dispatch_slice_lateness_seconds_count", ORG)] == 3
+    assert got[("mydata_last_successful_run_timestamp_seconds", None)] == 0
+
+
+async def test_every_minute_boundary_writes_the_rows_and_the_textfile(
+        engine: AsyncEngine, tmp_path: Path) -> None:
+    clock = FakeClock(datetime(2026, 11, 30, 1, 0, 50, tzinfo=KST))
+    textfile = tmp_path / "m.prom"
+    obs = Observability(engine, clock=clock, run_id="run-1", day=DAY,
+                        options=ObserveOptions(metrics_textfile=textfile))
+    chain = ProviderChain(ORG, ChainSettings(), clock=clock, listeners=obs.listeners)
+    await obs.start({ORG: chain}, [])
+    try:
+        await drive(clock, chain.call(Provider(clock, [OK])))
+        assert not textfile.exists()
+        obs.exported.clear()
+        await clock.run_for(11)  # 01:01:01: the 01:01 boundary has passed
+        await asyncio.wait_for(obs.exported.wait(), 30)  # real I/O, not time
+        assert textfile.exists()
+        async with engine.connect() as conn:
+            rows = (await conn.execute(select(schema.run_minutes))).all()
+        assert [(r.minute_at.astimezone(KST).strftime("%H:%M"), r.calls) for r in rows] == [
+            ("01:00", 1)]
+    finally:
+        await obs.stop()
