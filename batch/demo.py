@@ -16,7 +16,9 @@ from typing import Any, TextIO
 
 from batch.clock import KST, Clock
 from batch.db.engine import init_db, make_engine
-from batch.dispatch.runner import RunOptions, format_summary, run_day
+from batch.dispatch.runner import RunOptions, run_day
+from batch.dispatch.summary import RunSummary, format_summary
+from batch.plan_report import to_table
 from batch.planner import build_week_plan, save_plan
 from batch.seed import SeedParams, load_seed, load_time, write_seed
 from planning.windows import parse_window
@@ -67,7 +69,6 @@ def _say(out: TextIO, text: str) -> None:
 
 async def run_demo(settings: DemoSettings, *, clock: Clock, out: TextIO) -> int:
     """Run the demo; returns the exit code (0 when every check passed)."""
-    from batch.cli.plan import to_table
     from batch.dashboard.page import write_dashboard
     from batch.simulator import SimulatorProcess
 
@@ -113,8 +114,8 @@ async def run_demo(settings: DemoSettings, *, clock: Clock, out: TextIO) -> int:
     return _checks(result.summary, stats, out)
 
 
-def _checks(summary: dict[str, Any], stats: dict[str, Any], out: TextIO) -> int:
-    t = summary["totals"]
+def _checks(summary: RunSummary, stats: dict[str, Any], out: TextIO) -> int:
+    t = summary.totals
     rate = sum(p["violations"]["rate"] for p in stats["providers"].values())
     window = sum(p["violations"]["window"] for p in stats["providers"].values())
     by_code = stats["total"]["by_code"]
@@ -133,4 +134,4 @@ def _checks(summary: dict[str, Any], stats: dict[str, Any], out: TextIO) -> int:
         mark = "" if passed is None else ("  ok" if passed else "  FAILED")
         ok = ok and passed is not False
         _say(out, f"   {label:<36} {value:>10,}{mark}")
-    return 0 if ok and summary["exit_code"] == 0 else 1
+    return 0 if ok and summary.exit_code == 0 else 1

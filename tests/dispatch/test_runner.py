@@ -22,7 +22,7 @@ async def _planned(engine: AsyncEngine) -> int:
     clock = FakeClock(datetime(2026, 11, 30, 1, 0, tzinfo=KST))
     res = await run_day(engine, clock=clock, options=RunOptions(window_override=PAST,
                         progress="none"), stream=io.StringIO(), install_signals=False)
-    (p,) = res.summary["providers"]
+    (p,) = res.summary.to_json()["providers"]
     return int(p["planned"])
 
 
