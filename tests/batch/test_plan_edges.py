@@ -4,10 +4,12 @@ what no window minute of the week can take is unplaceable."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -99,3 +101,60 @@ async def test_a_consent_due_after_saturdays_window_is_unplaceable_not_silently_
     assert int(days["batch_quota"].sum()) == 7
     assert plan.unplaceable() == {ORG: 5}
     assert int(days.loc[SATURDAY, "unplaceable"]) == 5
+
+
+# --- the plan command: overdue per provider, a stale saved plan said ----------------------
+
+def _plan_cli(db_url: str, *args: str) -> Any:
+    from click.testing import CliRunner
+
+    from batch.cli import main
+
+    return CliRunner().invoke(main, ["--db", db_url, "plan", "--today", "2026-11-29", *args],
+                              catch_exceptions=False)
+
+
+@pytest.fixture
+async def due(engine: AsyncEngine, db_url: str) -> str:
+    """70 consents due this week and 14 of last week, at one provider."""
+    await _provider(engine)
+    await _consents(engine, 70, due_week=SUNDAY)
+    await _consents(engine, 14, due_week=SUNDAY - timedelta(7), start=1000)
+    return db_url
+
+
+def test_plan_json_and_table_count_overdue_per_provider(due: str) -> None:
+    rows = json.loads(_plan_cli(due, "--format", "json").stdout)
+    assert sum(r["overdue"] for r in rows) == 14
+    table = _plan_cli(due).stdout
+    assert "overdue" in table.splitlines()[3]
+    assert "14 consents overdue" in table
+
+
+def _mark_consents_loaded(db_url: str) -> None:
+    from batch.db.engine import make_engine
+    from batch.db.marks import mark_loaded
+
+    async def go() -> None:
+        eng = make_engine(db_url)
+        try:
+            async with eng.begin() as conn:
+                await mark_loaded(conn, "consents", T0)
+        finally:
+            await eng.dispose()
+
+    asyncio.run(go())
+
+
+def test_plan_says_the_saved_plan_is_stale_after_consents_are_loaded_again(due: str) -> None:
+    saved = _plan_cli(due, "--save")
+    assert saved.exit_code == 0 and "stale" not in saved.stderr
+    assert "stale" not in _plan_cli(due).stderr
+    _mark_consents_loaded(due)
+    res = _plan_cli(due)
+    assert res.exit_code == 0
+    (line,) = [ln for ln in res.stderr.splitlines() if "stale" in ln]
+    assert line == ("mydata-batch: the saved plan for 2026-11-29 is stale (consents loaded "
+                    "again since the plan was made): `run` re-makes it (or `plan --save`)")
+    assert "replaced by this one" in _plan_cli(due, "--save").stderr
+    assert "stale" not in _plan_cli(due).stderr
