@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
-from datetime import datetime, time, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
-from batch.clock import KST, Clock
+from batch.clock import Clock
 from batch.db.engine import init_db, make_engine
 from batch.dispatch.runner import RunOptions, run_day
 from batch.dispatch.summary import RunSummary, format_summary
@@ -87,18 +87,18 @@ async def run_demo(settings: DemoSettings, *, clock: Clock, out: TextIO) -> int:
                                        base_port=base_port), out_dir)
         await load_seed(engine, seeded.files, now=load_time(today, now))
 
-        _say(out, "== planning the week (today planned as a whole day)")
-        day_start = datetime.combine(today, time(0), KST)
-        plan = await build_week_plan(engine, week_of=today, today=today, now=day_start)
-        await save_plan(engine, plan)
-        _say(out, to_table(plan, saved=True))
-
         start = (clock.now() + timedelta(minutes=1)).replace(second=0, microsecond=0)
         if start.date() != today:
             start = start.replace(hour=23, minute=58 - settings.window_minutes)
         end = start + timedelta(minutes=settings.window_minutes)
         window_text = f"{start:%H%M}:{end:%H%M}"
         window = parse_window(window_text, step=1)
+
+        _say(out, f"== planning the week (today planned for the run window {window_text})")
+        plan = await build_week_plan(engine, week_of=today, today=today, now=clock.now(),
+                                     today_windows=(window,))
+        await save_plan(engine, plan)
+        _say(out, to_table(plan, saved=True))
         _say(out, f"== starting the simulator; run window {window_text} KST")
         with SimulatorProcess(seeded.files.institutions, window_override=[window_text],
                               seed=settings.seed) as sim:
