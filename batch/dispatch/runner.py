@@ -54,6 +54,7 @@ from batch.resilience.chain import ProviderChain
 from batch.resilience.settings import ChainSettings
 from batch.tranid import TranIdGenerator
 from planning.calendar import week_start
+from planning.minutes import spread
 from planning.windows import Window, day_minutes
 
 log = logging.getLogger("mydata.run")
@@ -191,11 +192,17 @@ async def ensure_plan(engine: AsyncEngine, inputs: RunInputs, options: RunOption
     return DayPlans(await load_day_plan(engine, day=inputs.today), reason)
 
 
-def provider_minutes(plan: DayPlan | None, open_minutes: Sequence[int]) -> dict[int, int]:
+def provider_minutes(plan: DayPlan | None, open_minutes: Sequence[int], *,
+                     per_minute_cap: int, override: bool = False) -> dict[int, int]:
     """The plan's minutes that lie inside the windows in force now (a plan saved before a
-    window change must not call outside the new windows)."""
+    window change must not call outside the new windows). Under an override, a plan that
+    does not record what it was made for (saved by an older version) has its quota spread
+    over the override's minutes, as before."""
     if plan is None:
         return {}
+    if override and plan.limits_key is None:
+        series = spread(plan.batch_quota, open_minutes, per_minute_cap)
+        return {int(m): int(t) for m, t in zip(series.index, series, strict=True) if t > 0}
     allowed = set(open_minutes)
     return {m: t for m, t in plan.minutes.items() if m in allowed}
 
@@ -219,8 +226,9 @@ def build_pieces(inputs: RunInputs, plans: DayPlans, options: RunOptions, *,
         quota = plan.batch_quota if plan else 0
         cap = ProviderLimits.from_provider(p).per_minute_cap
         open_minutes = day_minutes(options.window_override or p.windows)
-        minutes = provider_minutes(plan, open_minutes)
-        if plan is not None and len(minutes) < len(plan.minutes):
+        minutes = provider_minutes(plan, open_minutes, per_minute_cap=cap,
+                                   override=options.window_override is not None)
+        if plan is not None and not set(plan.minutes) <= set(open_minutes):
             log.warning("planned minutes outside the windows in force are not run", extra={
                 "action": "minutes_outside_windows", "run_id": options.run_id,
                 "org_code": p.org_code, "dropped": len(plan.minutes) - len(minutes)})

@@ -174,9 +174,18 @@ async def test_an_override_replans_today_when_the_saved_plan_gave_it_nothing(
 # --- step 3: build each provider's pieces -------------------------------------------------
 
 def test_planned_minutes_outside_the_windows_in_force_are_cut() -> None:
-    plan = DayPlan("BANK000001", DAY, 6, {59: 2, 60: 2, 61: 2})
-    assert provider_minutes(plan, day_minutes(parse_windows(["0100:0700"]))) == {60: 2, 61: 2}
-    assert provider_minutes(None, [60]) == {}
+    plan = DayPlan("BANK000001", DAY, 6, {59: 2, 60: 2, 61: 2}, limits_key="0000:0100|1|1")
+    open_ = day_minutes(parse_windows(["0100:0700"]))
+    assert provider_minutes(plan, open_, per_minute_cap=10) == {60: 2, 61: 2}
+    assert provider_minutes(plan, open_, per_minute_cap=10, override=True) == {60: 2, 61: 2}
+    assert provider_minutes(None, [60], per_minute_cap=10) == {}
+
+
+def test_under_an_override_a_plan_of_unknown_origin_is_spread_over_the_override() -> None:
+    old = DayPlan("BANK000001", DAY, 6, {59: 6})           # saved by an older version
+    assert provider_minutes(old, [600, 601], per_minute_cap=10, override=True) == {
+        600: 3, 601: 3}
+    assert provider_minutes(old, [600, 601], per_minute_cap=10) == {}
 
 
 async def test_build_gives_each_dispatcher_only_minutes_inside_its_current_windows(
