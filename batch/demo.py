@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
-from datetime import datetime, time, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
-from batch.clock import KST, Clock
+from batch.clock import Clock
 from batch.db.engine import init_db, make_engine
-from batch.dispatch.runner import RunOptions, format_summary, run_day
+from batch.dispatch.runner import RunOptions, run_day
+from batch.dispatch.summary import RunSummary, format_summary
+from batch.plan_report import to_table
 from batch.planner import build_week_plan, save_plan
 from batch.seed import SeedParams, load_seed, load_time, write_seed
 from planning.windows import parse_window
@@ -67,7 +69,6 @@ def _say(out: TextIO, text: str) -> None:
 
 async def run_demo(settings: DemoSettings, *, clock: Clock, out: TextIO) -> int:
     """Run the demo; returns the exit code (0 when every check passed)."""
-    from batch.cli.plan import to_table
     from batch.dashboard.page import write_dashboard
     from batch.simulator import SimulatorProcess
 
@@ -86,18 +87,18 @@ async def run_demo(settings: DemoSettings, *, clock: Clock, out: TextIO) -> int:
                                        base_port=base_port), out_dir)
         await load_seed(engine, seeded.files, now=load_time(today, now))
 
-        _say(out, "== planning the week (today planned as a whole day)")
-        day_start = datetime.combine(today, time(0), KST)
-        plan = await build_week_plan(engine, week_of=today, today=today, now=day_start)
-        await save_plan(engine, plan)
-        _say(out, to_table(plan, saved=True))
-
         start = (clock.now() + timedelta(minutes=1)).replace(second=0, microsecond=0)
         if start.date() != today:
             start = start.replace(hour=23, minute=58 - settings.window_minutes)
         end = start + timedelta(minutes=settings.window_minutes)
         window_text = f"{start:%H%M}:{end:%H%M}"
         window = parse_window(window_text, step=1)
+
+        _say(out, f"== planning the week (today planned for the run window {window_text})")
+        plan = await build_week_plan(engine, week_of=today, today=today, now=clock.now(),
+                                     today_windows=(window,))
+        await save_plan(engine, plan)
+        _say(out, to_table(plan, saved=True))
         _say(out, f"== starting the simulator; run window {window_text} KST")
         with SimulatorProcess(seeded.files.institutions, window_override=[window_text],
                               seed=settings.seed) as sim:
@@ -113,8 +114,8 @@ async def run_demo(settings: DemoSettings, *, clock: Clock, out: TextIO) -> int:
     return _checks(result.summary, stats, out)
 
 
-def _checks(summary: dict[str, Any], stats: dict[str, Any], out: TextIO) -> int:
-    t = summary["totals"]
+def _checks(summary: RunSummary, stats: dict[str, Any], out: TextIO) -> int:
+    t = summary.totals
     rate = sum(p["violations"]["rate"] for p in stats["providers"].values())
     window = sum(p["violations"]["window"] for p in stats["providers"].values())
     by_code = stats["total"]["by_code"]
@@ -133,4 +134,4 @@ def _checks(summary: dict[str, Any], stats: dict[str, Any], out: TextIO) -> int:
         mark = "" if passed is None else ("  ok" if passed else "  FAILED")
         ok = ok and passed is not False
         _say(out, f"   {label:<36} {value:>10,}{mark}")
-    return 0 if ok and summary["exit_code"] == 0 else 1
+    return 0 if ok and summary.exit_code == 0 else 1

@@ -4,6 +4,15 @@ What is due is counted in SQL by class (provider, backlog or not, release day), 
 loaded row by row. Days of the week before ``today`` keep what actually happened (distinct
 consents with an outcome that day); ``today``..Saturday are re-levelled over what is still
 due, so each night's plan absorbs the previous days' failures and deferrals.
+
+A consent is released onto the first day with a window minute at or after its
+``not_before`` (planning/release.py); one that no window minute of the week can take is
+unplaceable, never silently dropped. Backlog (due in an earlier week) is due this week like
+everything else: levelled over the week, and claimed first within each day (the claim order
+is ``(due_week, id)``); the plan counts it per provider and day as ``overdue``. Each saved
+day remembers what it was made from (the provider's limits and the load generation), so a
+plan made under other settings, or before consents or institutions were loaded again, is
+found stale (:func:`stale_reasons`).
 """
 
 from __future__ import annotations
@@ -16,22 +25,26 @@ from datetime import date, datetime, time, timedelta
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Select, case, delete, func, insert, select
+from sqlalchemy import Select, String, case, column, delete, func, insert, select, values
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.config import Provider
 from batch.db import schema
 from batch.db.engine import connect, transaction
+from batch.db.marks import load_generation, loaded_since
 from batch.errors import ConfigError, InputError
 from planning import minutes as minute_plan
 from planning import quotas, usage
-from planning.calendar import KST, kst_date, week_days, week_start
+from planning.calendar import KST, week_days, week_start
+from planning.release import last_starts, usable_minutes
 from planning.windows import Window, WindowError, day_minutes, parse_windows
 
 DEFAULT_CALLS_PER_CONSENT = 3.0
 HISTORY_DAYS = usage.MAX_HISTORY_DAYS
 DAY_COLUMNS = ["org_code", "date", "forecast_user_calls", "batch_quota", "batch_calls",
-               "total", "capacity", "unplaceable", "planned"]
+               "total", "capacity", "unplaceable", "overdue", "planned", "limits_key"]
+#: A bound no consent's not_before reaches: a day with no usable minute releases nothing.
+_NEVER = datetime(1900, 1, 1, tzinfo=KST)
 _INSERT_CHUNK = 5000
 
 
@@ -64,6 +77,19 @@ class ProviderLimits:
         """Consents a minute: floor(calls_per_second * 60 / calls_per_consent)."""
         return math.floor(self.calls_per_second * 60 / self.calls_per_consent + 1e-9)
 
+    @property
+    def key(self) -> str:
+        """What a plan made under these limits depends on, as one readable text."""
+        return (f"{','.join(str(w) for w in self.windows)}|{self.calls_per_second:g}"
+                f"|{self.calls_per_consent:g}")
+
+    def with_windows(self, windows: tuple[Window, ...] | None) -> ProviderLimits:
+        """These limits under other windows (a ``--window-override``); self when None."""
+        if windows is None:
+            return self
+        return ProviderLimits(self.org_code, windows, self.calls_per_second,
+                              self.calls_per_consent)
+
 
 @dataclass(frozen=True, slots=True)
 class DayPlan:
@@ -79,6 +105,11 @@ class DayPlan:
     batch_quota: int
     minutes: dict[int, int]
     created_at: datetime | None = None
+    #: :attr:`ProviderLimits.key` of the limits (and windows) the day was planned under
+    limits_key: str | None = None
+    #: the load generation the plan was made at (batch/db/marks.py)
+    load_generation: int | None = None
+    overdue: int = 0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -87,9 +118,11 @@ class WeekPlan:
 
     ``days`` columns: org_code, date, forecast_user_calls, batch_quota (consents),
     batch_calls (= batch_quota x calls per consent), total (user + batch calls), capacity
-    (consents), unplaceable (consents that fit nowhere, on their deadline day), planned
-    (False for days before ``today``: what actually happened). ``minutes``: org_code, date,
-    minute, target, for planned days and minutes with a target above zero.
+    (consents), unplaceable (consents that fit nowhere, on their deadline day), overdue
+    (consents of an earlier week among the day's quota), planned (False for days before
+    ``today``: what actually happened), limits_key (the limits the day was planned under).
+    ``minutes``: org_code, date, minute, target, for planned days and minutes with a target
+    above zero. ``load_generation``: the loads the plan was made after.
     """
 
     week_start: date
@@ -98,6 +131,9 @@ class WeekPlan:
     days: pd.DataFrame
     minutes: pd.DataFrame
     limits: dict[str, ProviderLimits]
+    load_generation: int = 0
+    #: windows that replaced every provider's own for ``today`` (``run --window-override``)
+    today_windows: tuple[Window, ...] | None = None
 
     @property
     def week(self) -> list[date]:
@@ -118,12 +154,21 @@ class WeekPlan:
         mins = self.minutes[self.minutes["date"] == day]
         by_org = {str(k): g for k, g in mins.groupby("org_code")}
         out: dict[str, DayPlan] = {}
-        for org, quota in zip(rows["org_code"], rows["batch_quota"], strict=True):
+        for org, quota, key, overdue in zip(rows["org_code"], rows["batch_quota"],
+                                            rows["limits_key"], rows["overdue"], strict=True):
             g = by_org.get(str(org))
             m = {} if g is None else {int(a): int(b) for a, b in
                                       zip(g["minute"], g["target"], strict=True)}
-            out[str(org)] = DayPlan(str(org), day, int(quota), m, created_at=self.created_at)
+            out[str(org)] = DayPlan(str(org), day, int(quota), m, created_at=self.created_at,
+                                    limits_key=str(key), load_generation=self.load_generation,
+                                    overdue=int(overdue))
         return out
+
+    def overdue(self) -> dict[str, int]:
+        """Consents of an earlier week planned from today on, per provider (all providers)."""
+        rows = self.days[self.days["planned"]]
+        s = rows.groupby("org_code")["overdue"].sum()
+        return {str(k): int(v) for k, v in s.items()}
 
 
 def _kst_midnight(day: date) -> datetime:
@@ -165,31 +210,41 @@ def calls_per_consent_from_options(org_code: str, options: str | None) -> float:
 def window_minutes(limits: ProviderLimits, day: date, now: datetime) -> list[int]:
     """Minutes of ``day`` still usable at ``now``: all, those starting at or after now, or
     none (a day already past)."""
-    today = kst_date(now)
-    if day < today:
-        return []
-    mins = day_minutes(limits.windows)
-    if day == today:
-        local = now.astimezone(KST)
-        seconds = local.hour * 3600 + local.minute * 60 + local.second + local.microsecond / 1e6
-        first = math.ceil(seconds / 60)
-        mins = [m for m in mins if m >= first]
-    return mins
+    return usable_minutes(limits.windows, day, now)
 
 
-def due_classes_query(sunday: date, planned: Sequence[date]) -> Select[Any]:
+def release_bounds(limits: dict[str, ProviderLimits], planned: Sequence[date],
+                   now: datetime, today_windows: tuple[Window, ...] | None = None
+                   ) -> dict[str, list[datetime | None]]:
+    """Per provider, the start of each planned day's last usable minute (None: no minute);
+    ``planned[0]`` is today, whose windows ``today_windows`` replace when given."""
+    return {org: last_starts(planned, [
+        window_minutes(_on(lim, d, planned[0], today_windows), d, now) for d in planned])
+        for org, lim in limits.items()}
+
+
+def due_classes_query(sunday: date, planned: Sequence[date],
+                      bounds: dict[str, list[datetime | None]]) -> Select[Any]:
     """Due consents counted by (org_code, backlog, release bucket) in SQL.
 
-    Bucket ``i`` means release on ``planned[i]``; ``len(planned)`` means not before next week.
+    Bucket ``i`` means release on ``planned[i]``: the first day whose last usable minute
+    (``bounds[org][i]``) starts at or after the consent's ``not_before``; ``len(planned)``
+    means no window minute of the week can take it. Providers without bounds are left out.
     """
     c = schema.consents
-    bounds = [_kst_midnight(d) for d in planned[1:]] + [_kst_midnight(sunday + timedelta(7))]
-    bucket = case(*[(c.c.not_before < t, i) for i, t in enumerate(bounds)],
-                  else_=len(bounds))
+    if not bounds:
+        bounds = {"": [None] * len(planned)}
+    cols = [column(f"b{i}", schema.UTCDateTime()) for i in range(len(planned))]
+    table = values(column("org_code", String), *cols, name="bounds").data(
+        [(org, *[b or _NEVER for b in bs]) for org, bs in sorted(bounds.items())]
+    ).cte("bounds")
+    bucket = case(*[(c.c.not_before <= table.c[f"b{i}"], i) for i in range(len(planned))],
+                  else_=len(planned))
     backlog = case((c.c.due_week < sunday, 1), else_=0)
     inner = (
         select(c.c.org_code.label("org_code"), backlog.label("backlog"),
                bucket.label("bucket"))
+        .select_from(c.join(table, table.c.org_code == c.c.org_code))
         .where(c.c.status == "active", c.c.due_week <= sunday)
         .subquery()
     )
@@ -200,17 +255,22 @@ def due_classes_query(sunday: date, planned: Sequence[date]) -> Select[Any]:
 
 
 async def _read(engine: AsyncEngine, sunday: date, today: date, now: datetime,
-                planned: list[date]) -> tuple[dict[str, ProviderLimits], pd.DataFrame,
-                                              pd.DataFrame, pd.DataFrame]:
+                planned: list[date], today_windows: tuple[Window, ...] | None
+                ) -> tuple[dict[str, ProviderLimits], pd.DataFrame, pd.DataFrame, pd.DataFrame,
+                           int]:
     inst = schema.institutions
     ud = schema.usage_daily
     co = schema.call_outcomes
-    attempted_until = today if kst_date(now) >= today else today - timedelta(days=1)
+    attempted_until = today if now.astimezone(KST).date() >= today else today - timedelta(days=1)
     async with connect(engine) as conn:
+        generation = await load_generation(conn)
         rows = (await conn.execute(select(inst.c.org_code, inst.c.windows,
                                           inst.c.calls_per_second, inst.c.options)
                                    .order_by(inst.c.org_code))).all()
-        classes = (await conn.execute(due_classes_query(sunday, planned))).all()
+        limits = {str(r[0]).strip(): limits_from_row(str(r[0]).strip(), r[1], float(r[2]), r[3])
+                  for r in rows}
+        bounds = release_bounds(limits, planned, now, today_windows)
+        classes = (await conn.execute(due_classes_query(sunday, planned, bounds))).all()
         hist = (await conn.execute(
             select(ud.c.org_code, ud.c.day, ud.c.user_calls)
             .where(ud.c.day >= min(sunday, today) - timedelta(days=HISTORY_DAYS),
@@ -222,20 +282,29 @@ async def _read(engine: AsyncEngine, sunday: date, today: date, now: datetime,
                    co.c.action != "not_attempted")
             .group_by(co.c.org_code, co.c.day)
         )).all()
-    limits = {str(r[0]).strip(): limits_from_row(str(r[0]).strip(), r[1], float(r[2]), r[3])
-              for r in rows}
     cls = pd.DataFrame([(str(a).strip(), int(b), int(k), int(n)) for a, b, k, n in classes],
                        columns=["org_code", "backlog", "bucket", "count"])
     hist_df = pd.DataFrame([(str(a).strip(), d, int(n)) for a, d, n in hist],
                            columns=["org_code", "date", "user_calls"])
     done_df = pd.DataFrame([(str(a).strip(), d, int(n)) for a, d, n in done],
                            columns=["org_code", "date", "attempted"])
-    return limits, cls, hist_df, done_df
+    return limits, cls, hist_df, done_df, generation
+
+
+def _on(lim: ProviderLimits, day: date, today: date,
+        today_windows: tuple[Window, ...] | None) -> ProviderLimits:
+    """The limits in force on ``day``: ``today_windows`` replace the windows of today."""
+    return lim.with_windows(today_windows) if day == today else lim
 
 
 async def build_week_plan(engine: AsyncEngine, *, week_of: date, today: date,
-                          now: datetime) -> WeekPlan:
-    """Plan the week holding ``week_of`` as seen on ``today`` at ``now`` (aware)."""
+                          now: datetime,
+                          today_windows: tuple[Window, ...] | None = None) -> WeekPlan:
+    """Plan the week holding ``week_of`` as seen on ``today`` at ``now`` (aware).
+
+    ``today_windows`` (``run --window-override``) replace every provider's windows for
+    ``today`` only: today's capacity and minutes are those of the override from ``now``.
+    """
     sunday = week_start(week_of)
     week = week_days(sunday)
     if not sunday <= today <= week[-1]:
@@ -243,7 +312,8 @@ async def build_week_plan(engine: AsyncEngine, *, week_of: date, today: date,
     if now.tzinfo is None:
         raise InputError("now must be timezone-aware")
     planned = [d for d in week if d >= today]
-    limits, cls, hist, done = await _read(engine, sunday, today, now, planned)
+    limits, cls, hist, done, generation = await _read(engine, sunday, today, now, planned,
+                                                      today_windows)
     orgs = sorted(limits)
 
     # Planned days are forecast from everything before today; days already past show the
@@ -264,34 +334,40 @@ async def build_week_plan(engine: AsyncEngine, *, week_of: date, today: date,
 
     # Planned days: base load = forecast users + what already ran today.
     day_rows = []
-    first_open: dict[str, date] = {}     # the first planned day a provider can take work
     for org in orgs:
-        lim = limits[org]
         for d in planned:
+            lim = _on(limits[org], d, today, today_windows)
             fixed = attempted.get((org, d), 0) if d == today else 0
             cap = len(window_minutes(lim, d, now)) * lim.per_minute_cap
-            if cap > 0:
-                first_open.setdefault(org, d)
             day_rows.append((org, d, forecast.get((org, d), 0.0)
                              + lim.calls_per_consent * fixed, cap, fixed))
     days_df = pd.DataFrame(day_rows, columns=["org_code", "date", "base_load", "capacity",
                                               "fixed"])
     class_rows = []
     last = len(planned)
+    late: dict[str, int] = {}           # due this week, after the week's last window minute
+    backlog_by: dict[tuple[str, date], int] = {}
     for org, backlog, bucket, n in zip(cls["org_code"], cls["backlog"], cls["bucket"],
                                        cls["count"], strict=True):
-        if bucket >= last or org not in limits:
-            continue  # not before next week (or an unknown provider): not due this week
+        if org not in limits:
+            continue  # an unknown provider
+        if bucket >= last:
+            late[org] = late.get(org, 0) + int(n)
+            continue
         release = planned[bucket]
-        # Backlog goes first: its deadline is the first day with window time left (today,
-        # unless today's windows are already over).
-        deadline = max(release, first_open.get(org, planned[0])) if backlog else planned[-1]
-        class_rows.append((org, release, deadline, n))
+        # Backlog is due this week like the rest (one transfer a week, not a catch-up):
+        # levelled up to Saturday; the claim order (due_week, id) takes it first each day.
+        class_rows.append((org, release, planned[-1], n))
+        if backlog:
+            backlog_by[(org, release)] = backlog_by.get((org, release), 0) + int(n)
     classes = pd.DataFrame(class_rows, columns=["org_code", "release", "deadline", "count"])
     classes = pd.DataFrame(classes.groupby(["org_code", "release", "deadline"],
                                            as_index=False)["count"].sum())
     weights = {o: limits[o].calls_per_consent for o in orgs}
     leveled = quotas.plan_quotas(days_df, classes, weights)
+    for org, n in late.items():        # they miss their week: said on Saturday, not hidden
+        at = (leveled["org_code"] == org) & (leveled["date"] == planned[-1])
+        leveled.loc[at, "unplaceable"] = leveled.loc[at, "unplaceable"] + n
 
     out_rows: list[tuple[Any, ...]] = []
     minute_frames: list[pd.DataFrame] = []
@@ -299,15 +375,21 @@ async def build_week_plan(engine: AsyncEngine, *, week_of: date, today: date,
         leveled["org_code"], leveled["date"], leveled["batch_quota"], leveled["unplaceable"],
         leveled["fixed"], leveled["capacity"], strict=True)}
     for org in orgs:
-        lim = limits[org]
-        full_cap = len(day_minutes(lim.windows)) * lim.per_minute_cap
+        full_cap = len(day_minutes(limits[org].windows)) * limits[org].per_minute_cap
+        backlog_left = 0
         for d in week:
+            lim = _on(limits[org], d, today, today_windows)
             user = round(forecast.get((org, d), 0.0))
+            overdue = 0
             if d < today:
                 q, unpl, cap, is_planned = attempted.get((org, d), 0), 0, full_cap, False
             else:
                 new, unpl, fixed, cap = lev[(org, d)]
                 q, is_planned = new + fixed, True
+                # backlog is claimed first: it fills each day's new quota before the rest
+                backlog_left += backlog_by.get((org, d), 0)
+                overdue = min(new, backlog_left)
+                backlog_left -= overdue
                 if new:
                     s = minute_plan.spread(new, window_minutes(lim, d, now), lim.per_minute_cap)
                     s = s[s > 0]
@@ -316,10 +398,10 @@ async def build_week_plan(engine: AsyncEngine, *, week_of: date, today: date,
                         "target": s.to_numpy()}))
             batch_calls = round(q * lim.calls_per_consent)
             out_rows.append((org, d, user, q, batch_calls, user + batch_calls, cap, unpl,
-                             is_planned))
+                             overdue, is_planned, lim.key))
     days_out = pd.DataFrame(out_rows, columns=DAY_COLUMNS)
     for col in ("forecast_user_calls", "batch_quota", "batch_calls", "total", "capacity",
-                "unplaceable"):
+                "unplaceable", "overdue"):
         days_out[col] = days_out[col].astype("int64")
     days_out["planned"] = days_out["planned"].astype(bool)
     minutes_out = (pd.concat(minute_frames, ignore_index=True) if minute_frames else
@@ -328,7 +410,8 @@ async def build_week_plan(engine: AsyncEngine, *, week_of: date, today: date,
                                  "minute": pd.Series(dtype="int64"),
                                  "target": pd.Series(dtype="int64")}))
     return WeekPlan(week_start=sunday, today=today, created_at=now, days=days_out,
-                    minutes=minutes_out, limits=limits)
+                    minutes=minutes_out, limits=limits, load_generation=generation,
+                    today_windows=today_windows)
 
 
 async def save_plan(engine: AsyncEngine, plan: WeekPlan) -> None:
@@ -338,10 +421,12 @@ async def save_plan(engine: AsyncEngine, plan: WeekPlan) -> None:
     day_rows = [
         {"org_code": o, "day": d, "week_start": plan.week_start,
          "forecast_user_calls": int(f), "batch_quota": int(q), "capacity": int(c),
-         "unplaceable": int(u), "created_at": plan.created_at}
-        for o, d, f, q, c, u in zip(rows["org_code"], rows["date"],
-                                    rows["forecast_user_calls"], rows["batch_quota"],
-                                    rows["capacity"], rows["unplaceable"], strict=True)
+         "unplaceable": int(u), "created_at": plan.created_at, "overdue": int(od),
+         "limits_key": str(k), "load_generation": plan.load_generation}
+        for o, d, f, q, c, u, od, k in zip(
+            rows["org_code"], rows["date"], rows["forecast_user_calls"], rows["batch_quota"],
+            rows["capacity"], rows["unplaceable"], rows["overdue"], rows["limits_key"],
+            strict=True)
     ]
     m = plan.minutes
     minute_rows = [(str(o), d, int(mi), int(t)) for o, d, mi, t in
@@ -374,7 +459,8 @@ async def load_day_plan(engine: AsyncEngine, *, day: date) -> dict[str, DayPlan]
     pm = schema.plan_minutes
     async with connect(engine) as conn:
         days = (await conn.execute(select(pd_t.c.org_code, pd_t.c.batch_quota,
-                                          pd_t.c.created_at)
+                                          pd_t.c.created_at, pd_t.c.limits_key,
+                                          pd_t.c.load_generation, pd_t.c.overdue)
                                    .where(pd_t.c.day == day))).all()
         if not days:
             return {}
@@ -385,5 +471,36 @@ async def load_day_plan(engine: AsyncEngine, *, day: date) -> dict[str, DayPlan]
     for org, minute, target in mins:
         by_org.setdefault(str(org).strip(), {})[int(minute)] = int(target)
     return {str(o).strip(): DayPlan(str(o).strip(), day, int(q), by_org.get(str(o).strip(), {}),
-                                    created_at=c)
-            for o, q, c in days}
+                                    created_at=c, limits_key=k,
+                                    load_generation=None if g is None else int(g),
+                                    overdue=int(od))
+            for o, q, c, k, g, od in days}
+
+
+async def stale_reasons(engine: AsyncEngine, plans: dict[str, DayPlan],
+                        limits: dict[str, ProviderLimits], *, now: datetime,
+                        today_windows: tuple[Window, ...] | None = None) -> tuple[str, ...]:
+    """Why the saved plan of a day must be re-made before it is run ("" reasons: it may be
+    run as it is): none saved, saved before that day, consents or institutions loaded again
+    since, a provider's limits (or ``today_windows``) not those it was made under, or a
+    provider it does not cover. A plan saved by an older version (no record of what it was
+    made from) is judged by its date alone."""
+    if not plans:
+        return ("no plan saved",)
+    reasons: list[str] = []
+    day_start = datetime.combine(now.astimezone(KST).date(), time(0), KST)
+    if any(p.created_at is None or p.created_at < day_start for p in plans.values()):
+        reasons.append("plan saved before today")
+    gens = [p.load_generation for p in plans.values() if p.load_generation is not None]
+    if gens:
+        async with connect(engine) as conn:
+            again = await loaded_since(conn, min(gens))
+        reasons += [f"{what} loaded again since the plan was made" for what in again]
+    for org, lim in sorted(limits.items()):
+        plan = plans.get(org)
+        want = lim.with_windows(today_windows).key
+        if plan is None:
+            reasons.append(f"no plan for {org}")
+        elif plan.limits_key is not None and plan.limits_key != want:
+            reasons.append(f"{org} planned under {plan.limits_key}, now {want}")
+    return tuple(reasons)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -56,7 +55,8 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
             "cluster mode (--redis / MYDATA_REDIS_URL) is not available in this version; "
             "run a single worker per database without it")
     from batch.db.engine import make_engine
-    from batch.dispatch.runner import RunOptions, format_summary, run_day
+    from batch.dispatch.runner import RunOptions, run_day
+    from batch.dispatch.summary import RunSummary, format_summary
     from batch.logs import setup_logging
     from batch.observe.session import ObserveOptions
 
@@ -73,7 +73,7 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
     setup_logging(level=log_level, run_id=options.run_id, worker_id=options.worker_id)
     clock = clock_from_env()
 
-    async def go() -> tuple[dict[str, object], int]:
+    async def go() -> tuple[RunSummary, int]:
         from batch.db.runlock import run_lock
 
         engine = make_engine(settings.db_url)
@@ -86,7 +86,7 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
 
     summary, code = run_async(go())
     if as_json:
-        click.echo(json.dumps(summary))
+        click.echo(summary.dumps())
     else:
         click.echo(format_summary(summary))
     sys.exit(code)

@@ -11,7 +11,6 @@ Units, as in the planner: user calls and batch *calls* are API calls; ``batch_qu
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -21,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from batch.db import schema
 from batch.db.engine import connect
+from batch.dispatch.summary import RunSummary, SummaryError
 from batch.errors import ConfigError
 from batch.planner import DEFAULT_CALLS_PER_CONSENT, calls_per_consent_from_options
 from planning.calendar import KST, week_start
@@ -52,6 +52,8 @@ class DayLoad:
     batch_planned_calls: int | None = None
     batch_calls_made: int = 0
     ran: bool = False
+    #: consents of an earlier week in the day's planned quota (levelled, claimed first)
+    overdue: int = 0
 
     def __post_init__(self) -> None:
         if (self.batch_quota is None) != (self.batch_planned_calls is None):
@@ -104,6 +106,8 @@ class RunRow:
     finished_at: datetime | None
     status: str
     totals: RunTotals | None
+    #: why a failed run failed
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +187,11 @@ class Snapshot:
             return found
         return DayLoad(org_code, day, None, None, None, 0, ran=day < self.today)
 
+    def overdue(self, org_code: str) -> int:
+        """Consents of an earlier week still planned from the focus day on."""
+        return sum(x.overdue for x in self.loads
+                   if x.org_code == org_code and x.day >= self.focus_day)
+
     def cpc(self, org_code: str) -> float | None:
         """The provider's calls per consent; None for an unknown provider."""
         return dict(self.calls_per_consent).get(org_code)
@@ -196,27 +205,17 @@ def focus_day_for(week: date, today: date) -> date:
 
 
 def parse_run_totals(summary: str | None) -> RunTotals | None:
-    """Sum a run's ``--json`` summary over providers; None when absent or not that shape."""
+    """A run's stored summary (``RunSummary``) summed over providers; None when absent or
+    not that shape."""
     if not summary:
         return None
     try:
-        doc: Any = json.loads(summary)
-    except ValueError:
+        t = RunSummary.from_json(summary).totals
+    except SummaryError:
         return None
-    providers = doc.get("providers") if isinstance(doc, dict) else None
-    if not isinstance(providers, list):
-        return None
-    keys = ("planned", "attempted", "succeeded", "failed", "deferred", "dead_lettered")
-    sums = dict.fromkeys(keys, 0)
-    for item in providers:
-        if not isinstance(item, dict):
-            return None
-        for key in keys:
-            value = item.get(key, 0)
-            if not isinstance(value, int) or isinstance(value, bool):
-                return None
-            sums[key] += value
-    return RunTotals(**sums)
+    return RunTotals(planned=t["planned"], attempted=t["attempted"], succeeded=t["succeeded"],
+                     failed=t["failed"], deferred=t["deferred"],
+                     dead_lettered=t["dead_lettered"])
 
 
 def _s(value: Any) -> str:
@@ -287,12 +286,12 @@ async def _loads(
 
     rows = await conn.execute(
         select(pd_.c.org_code, pd_.c.day, pd_.c.forecast_user_calls, pd_.c.batch_quota,
-               pd_.c.capacity, pd_.c.unplaceable)
+               pd_.c.capacity, pd_.c.unplaceable, pd_.c.overdue)
         .where(pd_.c.day.between(start, end)))
     for r in rows:
         cell(r.org_code, r.day).update(
             forecast_user_calls=int(r.forecast_user_calls), batch_quota=int(r.batch_quota),
-            capacity=int(r.capacity), unplaceable=int(r.unplaceable))
+            capacity=int(r.capacity), unplaceable=int(r.unplaceable), overdue=int(r.overdue))
     rows = await conn.execute(
         select(ud.c.org_code, ud.c.day, ud.c.user_calls).where(ud.c.day.between(start, end)))
     for r in rows:
@@ -311,7 +310,7 @@ async def _loads(
                 capacity=v.get("capacity"), unplaceable=v.get("unplaceable", 0),
                 batch_planned_calls=_planned_calls(v.get("batch_quota"), org, cpc),
                 batch_calls_made=v.get("calls_made", 0),
-                ran=v.get("ran", False) or day < today)
+                ran=v.get("ran", False) or day < today, overdue=v.get("overdue", 0))
         for (org, day), v in sorted(cells.items())
     )
 
@@ -327,13 +326,13 @@ async def _runs(conn: AsyncConnection, start: date, end: date) -> tuple[RunRow, 
     r_ = schema.runs
     rows = await conn.execute(
         select(r_.c.run_id, r_.c.day, r_.c.worker_id, r_.c.started_at, r_.c.finished_at,
-               r_.c.status, r_.c.summary)
+               r_.c.status, r_.c.summary, r_.c.error)
         .where(r_.c.day.between(start, end))
         .order_by(r_.c.started_at.desc(), r_.c.run_id).limit(RUNS_SHOWN))
     return tuple(
         RunRow(run_id=r.run_id, day=r.day, worker_id=r.worker_id, started_at=r.started_at,
                finished_at=r.finished_at, status=r.status,
-               totals=parse_run_totals(r.summary))
+               totals=parse_run_totals(r.summary), error=r.error)
         for r in rows
     )
 

@@ -56,7 +56,7 @@ def day_loads(snap: Snapshot, org_code: str = ALL) -> list[DayLoad]:
             unplaceable=sum(c.unplaceable for c in cells),
             batch_planned_calls=_sum_opt([c.batch_planned_calls for c in cells]),
             batch_calls_made=sum(c.batch_calls_made for c in cells),
-            ran=any(c.ran for c in cells),
+            ran=any(c.ran for c in cells), overdue=sum(c.overdue for c in cells),
         ))
     return out
 
@@ -194,7 +194,7 @@ def summary(snap: Snapshot) -> dict[str, Any]:
         "config_errors": list(snap.config_errors),
         "providers": [
             {"org_code": org, "calls_per_consent": snap.cpc(org), "days": day_rows(org),
-             **flat(org)} for org in snap.providers
+             "overdue_consents": snap.overdue(org), **flat(org)} for org in snap.providers
         ],
         "total": {"days": day_rows(ALL), **flat(ALL)},
         "progress": [
@@ -206,7 +206,7 @@ def summary(snap: Snapshot) -> dict[str, Any]:
         "runs": [
             {"run_id": r.run_id, "date": r.day.isoformat(), "worker_id": r.worker_id,
              "started_at": _iso(r.started_at), "finished_at": _iso(r.finished_at),
-             "status": r.status,
+             "status": r.status, "error": r.error,
              "totals": None if r.totals is None else {
                  "planned": r.totals.planned, "attempted": r.totals.attempted,
                  "succeeded": r.totals.succeeded, "failed": r.totals.failed,

@@ -234,6 +234,8 @@ def load_table(loads: Sequence[DayLoad], *, today: date, table_id: str) -> str:
     ]
     if any(x.unplaceable for x in loads):
         rows.append(("Unplaceable", consents, [x.unplaceable for x in loads], False))
+    if any(x.overdue for x in loads):
+        rows.append(("Overdue (earlier week)", consents, [x.overdue for x in loads], False))
     body = []
     for name, unit, values, total in rows:
         known = [v for v in values if v is not None]
@@ -316,7 +318,8 @@ def run_pill(run: RunRow, now: datetime) -> str:
             else "info" if s == "running"
             else "bad" if s in {"failed", "error", "aborted", "crashed", "killed"}
             else "warn")
-    return f'<span class="pill {kind}">{esc(run.status)}</span>'
+    why = f' title="{esc(run.error)}"' if run.error else ""
+    return f'<span class="pill {kind}"{why}>{esc(run.status)}</span>'
 
 
 def runs_table(runs: Sequence[RunRow], now: datetime) -> str:
@@ -431,6 +434,12 @@ def header(snap: Snapshot, rows: Sequence[Progress], *, refresh_seconds: int | N
     unplaceable = sum(x.unplaceable for x in snap.loads)
     if unplaceable:
         alerts.append(f'<span class="pill bad">{esc(num(unplaceable))} unplaceable</span>')
+    overdue = {org: n for org in snap.providers if (n := snap.overdue(org))}
+    if overdue:
+        alerts.append('<span class="pill warn" title="consents not fetched in an earlier week,'
+                      ' levelled over this one">overdue: ' + ", ".join(
+                          f"{esc(org)} {esc(num(n))}" for org, n in sorted(overdue.items()))
+                      + "</span>")
     if snap.config_errors:
         alerts.append(f'<span class="pill bad">⚠ {len(snap.config_errors)} institution '
                       "options refused</span>")

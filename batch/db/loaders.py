@@ -31,6 +31,7 @@ from batch.db.csv_input import (
     parse_day,
 )
 from batch.db.engine import connect, transaction
+from batch.db.marks import mark_loaded
 from batch.db.schema import UTCDateTime, institutions, settings, usage_daily
 from batch.errors import ConfigError
 from planning.calendar import week_start
@@ -99,6 +100,7 @@ async def load_institutions(engine: AsyncEngine, insts: Institutions, *, now: da
         )
         await conn.execute(_upsert(conn, settings, ["key"], ["value"]),
                            [{"key": OPERATOR_KEY, "value": insts.operator_org_code}])
+        await mark_loaded(conn, "institutions", now)  # a plan made before is stale
     return len(rows)
 
 
@@ -339,6 +341,7 @@ async def load_consents(engine: AsyncEngine, path: str | Path, *, now: datetime)
                     raise
                 # Fresh statistics for the dispatcher's first keyset scans.
                 await conn.exec_driver_sql("ANALYZE consents")
+            await mark_loaded(conn, "consents", now)  # a plan made before is stale
     return count
 
 

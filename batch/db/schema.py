@@ -139,6 +139,11 @@ plan_days = Table(
     Column("capacity", BigInteger, nullable=False),
     Column("unplaceable", BigInteger, nullable=False, server_default="0"),
     Column("created_at", UTCDateTime, nullable=False),
+    # what the plan was made from (sql/005): consents of an earlier week levelled in,
+    # the provider's limits (windows, rate, calls per consent) and the loads seen then
+    Column("overdue", BigInteger, nullable=False, server_default="0"),
+    Column("limits_key", Text),
+    Column("load_generation", BigInteger),
 )
 
 plan_minutes = Table(
@@ -160,6 +165,15 @@ runs = Table(
     Column("finished_at", UTCDateTime),
     Column("status", Text, nullable=False, server_default="running"),
     Column("summary", Text),
+    Column("error", Text),
+)
+
+# When consents and institutions were last loaded (sql/005): a plan made before is stale.
+load_marks = Table(
+    "load_marks", metadata,
+    Column("what", Text, primary_key=True),
+    Column("loaded_at", UTCDateTime, nullable=False),
+    Column("generation", BigInteger, nullable=False),
 )
 
 call_outcomes = Table(

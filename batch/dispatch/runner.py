@@ -1,16 +1,19 @@
 """``run``: today's plan for every provider at once, in one process, then the summary.
 
-Reads the providers and today's saved plan (planning and saving it first if none is saved),
-builds one resilience chain and one client per provider, runs every provider's dispatcher
-concurrently, writes outcomes in batches, and on SIGTERM/SIGINT stops claiming, lets
-in-flight calls finish within a grace period, releases unstarted claims and writes the rest.
+In named steps, each its own function: read the inputs (:func:`read_inputs`), make sure of
+today's plan (:func:`ensure_plan`: re-made when none is saved, it is stale, or an override
+asks for today's window), build each provider's pieces (:func:`build_pieces`: one resilience
+chain and client per provider, minutes cut to the windows in force), execute them
+concurrently (:func:`execute`: outcomes written in batches; on SIGTERM/SIGINT claiming stops,
+in-flight calls finish within a grace period, unstarted claims are released), and record the
+typed summary (:func:`record`). A run that ends on an error closes its ``runs`` row as
+failed, with the reason (:func:`close_failed`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -19,7 +22,7 @@ import sys
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, time, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any, TextIO
 
 import httpx
@@ -28,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.client import MydataClient, RefreshResult, make_http_client
 from batch.clock import KST, Clock
+from batch.config import Provider
 from batch.db import schema, work
 from batch.db.engine import init_db, transaction
 from batch.db.loaders import read_institutions
@@ -35,10 +39,18 @@ from batch.db.nodes import register_node
 from batch.dispatch import progress
 from batch.dispatch.policy import RetryPolicy
 from batch.dispatch.provider import DispatchSettings, ProviderDispatcher
+from batch.dispatch.summary import ProviderSummary, RunSummary, format_summary
 from batch.dispatch.writer import OutcomeWriter
 from batch.errors import InputError, describe
 from batch.observe.session import Observability, ObserveOptions
-from batch.planner import ProviderLimits, build_week_plan, load_day_plan, save_plan
+from batch.planner import (
+    DayPlan,
+    ProviderLimits,
+    build_week_plan,
+    load_day_plan,
+    save_plan,
+    stale_reasons,
+)
 from batch.resilience.breaker import State
 from batch.resilience.chain import ProviderChain
 from batch.resilience.settings import ChainSettings
@@ -67,7 +79,7 @@ class RunOptions:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     max_connections: int = 200
     page_limit: int = 500
-    observe: ObserveOptions = field(default_factory=ObserveOptions)  # issue 11: metrics
+    observe: ObserveOptions = field(default_factory=ObserveOptions)
 
     def __post_init__(self) -> None:
         if self.grace_seconds < 0:
@@ -76,79 +88,161 @@ class RunOptions:
             raise ValueError("progress must be auto, tty, log or none")
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class RunResult:
-    summary: dict[str, Any]
+    summary: RunSummary
     exit_code: int
 
 
-async def run_day(
-    engine: AsyncEngine,
-    *,
-    clock: Clock,
-    options: RunOptions,
-    stream: TextIO | None = None,
-    http_factory: Callable[[int], httpx.AsyncClient] | None = None,
-    install_signals: bool = True,
-) -> RunResult:
-    """Run today's work; returns the summary and the exit code."""
-    stream = stream or sys.stderr
+@dataclass(frozen=True, slots=True)
+class RunInputs:
+    """Step 1: what the run works from, read once at its start."""
+
+    now: datetime
+    today: date
+    week: date
+    providers: tuple[Provider, ...]
+    operator_org_code: str
+    #: this process's node number (batch/db/nodes.py): no other process has had it
+    node_id: int
+
+    @property
+    def limits(self) -> dict[str, ProviderLimits]:
+        return {p.org_code: ProviderLimits.from_provider(p) for p in self.providers}
+
+
+@dataclass(frozen=True, slots=True)
+class DayPlans:
+    """Step 2: today's plan per provider, and why it was re-made at the start (if it was)."""
+
+    plans: dict[str, DayPlan]
+    replanned: str | None = None
+
+
+@dataclass(slots=True)
+class Pieces:
+    """Step 3: what executes the day: one store and writer, one dispatcher and chain per
+    provider, the shared HTTP client."""
+
+    store: work.WorkStore
+    writer: OutcomeWriter
+    http: httpx.AsyncClient
+    dispatchers: list[ProviderDispatcher]
+    chains: dict[str, ProviderChain]
+    obs: Observability
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """Step 4: how the execution ended."""
+
+    interrupted: bool
+    persisted: bool
+    unwritten: int
+    elapsed: float
+
+
+def _step(name: str, run_id: str, **extra: object) -> None:
+    log.info(name.replace("_", " "), extra={"action": f"step_{name}", "run_id": run_id,
+                                             **extra})
+
+
+async def read_inputs(engine: AsyncEngine, *, clock: Clock, options: RunOptions) -> RunInputs:
+    """Step 1: the schema, the providers (``--only``) and the time the run starts at."""
     await init_db(engine)
     institutions = await read_institutions(engine)
-    providers = [p for p in institutions.providers if not options.only
-                 or p.org_code in options.only]
     unknown = set(options.only) - {p.org_code for p in institutions.providers}
     if unknown:
         raise InputError(f"unknown org_code(s) for --only: {', '.join(sorted(unknown))}")
+    providers = tuple(p for p in institutions.providers
+                      if not options.only or p.org_code in options.only)
     now = clock.now()
-    today = now.date()
-    week = week_start(today)
+    today = now.astimezone(KST).date()
+    # The run lock is held by the caller (`run`: batch/db/runlock.py); the node number is
+    # handed out here, before anything else is written.
+    node_id = await register_node(engine, worker_id=options.worker_id, run_id=options.run_id,
+                                  now=now)
+    return RunInputs(now=now, today=today, week=week_start(today), providers=providers,
+                     operator_org_code=institutions.operator_org_code, node_id=node_id)
 
-    plans = await load_day_plan(engine, day=today)
-    day_start = datetime.combine(today, time(0), KST)
-    if not plans or any(p.created_at is None or p.created_at < day_start
-                        for p in plans.values()):
-        # Each night re-levels the rest of the week from what actually happened. A plan
-        # saved today (by `plan --save`, or an earlier run today) is kept as it is.
-        # An override run does today's work now: plan today with its whole capacity.
-        log.info("planning the rest of the week", extra={
-            "action": "plan", "run_id": options.run_id,
-            "reason": "no plan saved" if not plans else "plan saved before today"})
-        plan_now = day_start if options.window_override is not None else now
-        await save_plan(engine, await build_week_plan(engine, week_of=today, today=today,
-                                                       now=plan_now))
-        plans = await load_day_plan(engine, day=today)
 
-    before = await work.attempted_today(engine, day=today)
+async def open_run(engine: AsyncEngine, inputs: RunInputs, options: RunOptions) -> None:
+    """The ``runs`` row, ``running`` until :func:`record` or :func:`close_failed`."""
     async with transaction(engine) as conn:
         await conn.execute(insert(schema.runs).values(
-            run_id=options.run_id, day=today, worker_id=options.worker_id, started_at=now,
-            status="running"))
+            run_id=options.run_id, day=inputs.today, worker_id=options.worker_id,
+            started_at=inputs.now, status="running"))
 
+
+async def ensure_plan(engine: AsyncEngine, inputs: RunInputs, options: RunOptions
+                      ) -> DayPlans:
+    """Step 2: today's saved plan, re-made first when it cannot be run as it is.
+
+    Each night re-levels the rest of the week from what actually happened; a plan saved
+    today is kept unless it is stale: made before consents or institutions were loaded
+    again, or under other limits or windows than those in force now. An override run plans
+    today for the override's window (from now), so a saved plan that gave today nothing
+    still gets today's work done.
+    """
+    plans = await load_day_plan(engine, day=inputs.today)
+    reasons = await stale_reasons(engine, plans, inputs.limits, now=inputs.now,
+                                  today_windows=options.window_override)
+    if not reasons:
+        return DayPlans(plans)
+    reason = "; ".join(reasons)
+    if options.window_override is not None:
+        reason = (f"today planned for the window override "
+                  f"{', '.join(str(w) for w in options.window_override)} ({reason})")
+    log.info("planning the rest of the week", extra={
+        "action": "plan", "run_id": options.run_id, "reason": reason})
+    await save_plan(engine, await build_week_plan(
+        engine, week_of=inputs.today, today=inputs.today, now=inputs.now,
+        today_windows=options.window_override))
+    return DayPlans(await load_day_plan(engine, day=inputs.today), reason)
+
+
+def provider_minutes(plan: DayPlan | None, open_minutes: Sequence[int], *,
+                     per_minute_cap: int, override: bool = False) -> dict[int, int]:
+    """The plan's minutes that lie inside the windows in force now (a plan saved before a
+    window change must not call outside the new windows). Under an override, a plan that
+    does not record what it was made for (saved by an older version) has its quota spread
+    over the override's minutes, as before."""
+    if plan is None:
+        return {}
+    if override and plan.limits_key is None:
+        series = spread(plan.batch_quota, open_minutes, per_minute_cap)
+        return {int(m): int(t) for m, t in zip(series.index, series, strict=True) if t > 0}
+    allowed = set(open_minutes)
+    return {m: t for m, t in plan.minutes.items() if m in allowed}
+
+
+def build_pieces(inputs: RunInputs, plans: DayPlans, options: RunOptions, *,
+                 engine: AsyncEngine, clock: Clock, attempted_before: dict[str, int],
+                 http_factory: Callable[[int], httpx.AsyncClient] | None = None) -> Pieces:
+    """Step 3: build each provider's pieces (chain, client, policy, dispatcher)."""
+    today, week = inputs.today, inputs.week
     store = work.SqlWorkStore(engine)
     writer = OutcomeWriter(store, run_id=options.run_id, worker=options.worker_id, day=today,
                            clock=clock)
-    # a node number no other process has had (batch/db/nodes.py)
-    tran_ids = TranIdGenerator(institutions.operator_org_code, node_id=await register_node(
-        engine, worker_id=options.worker_id, run_id=options.run_id, now=now))
+    tran_ids = TranIdGenerator(inputs.operator_org_code, node_id=inputs.node_id)
     http = (http_factory or (lambda n: make_http_client(max_connections=n)))(
         options.max_connections)
     policy_by_org: dict[str, RetryPolicy] = {}
     dispatchers: list[ProviderDispatcher] = []
     chains: dict[str, ProviderChain] = {}
     obs = Observability(engine, clock=clock, run_id=options.run_id, day=today,
-                        options=options.observe)  # issue 11: metrics, minute rows, event logs
-    for p in providers:
-        plan = plans.get(p.org_code)
+                        options=options.observe)
+    for p in inputs.providers:
+        plan = plans.plans.get(p.org_code)
         quota = plan.batch_quota if plan else 0
         cap = ProviderLimits.from_provider(p).per_minute_cap
-        if options.window_override is not None:
-            open_minutes = day_minutes(options.window_override)
-            series = spread(quota, open_minutes, cap)
-            minutes = dict(zip(series.index.tolist(), series.tolist(), strict=True))
-        else:
-            open_minutes = day_minutes(p.windows)
-            minutes = dict(plan.minutes) if plan else {}
+        open_minutes = day_minutes(options.window_override or p.windows)
+        minutes = provider_minutes(plan, open_minutes, per_minute_cap=cap,
+                                   override=options.window_override is not None)
+        if plan is not None and not set(plan.minutes) <= set(open_minutes):
+            log.warning("planned minutes outside the windows in force are not run", extra={
+                "action": "minutes_outside_windows", "run_id": options.run_id,
+                "org_code": p.org_code, "dropped": len(plan.minutes) - len(minutes)})
         chain = ProviderChain(p.org_code, ChainSettings.from_provider(p), clock=clock,
                               listeners=obs.listeners)
         chains[p.org_code] = chain
@@ -160,11 +254,16 @@ async def run_day(
             settings=DispatchSettings(worker_id=options.worker_id, lease=options.lease),
             policy=policy_by_org[p.org_code], day=today, week=week, quota=quota,
             minutes=minutes, per_minute_cap=cap, window_minutes=open_minutes,
-            attempted_before=before.get(p.org_code, 0),
+            attempted_before=attempted_before.get(p.org_code, 0),
             breaker_open=_open_check(chain), breaker_state=_state_of(chain),
         ))
+    return Pieces(store, writer, http, dispatchers, chains, obs)
 
-    await obs.start(chains, dispatchers)  # issue 11: the port, the minute export
+
+async def execute(pieces: Pieces, options: RunOptions, *, clock: Clock, day: date,
+                  stream: TextIO, install_signals: bool = True) -> Execution:
+    """Step 4: every provider's dispatcher at once; SIGTERM/SIGINT stop claiming, in-flight
+    calls get the grace period, unstarted claims are released and outcomes written."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals: list[signal.Signals] = []
@@ -174,62 +273,118 @@ async def run_day(
                 loop.add_signal_handler(sig, stop.set)
                 signals.append(sig)
     tty = options.progress == "tty" or (options.progress == "auto" and stream.isatty())
+    writer = pieces.writer
     writer_task = writer.start()
     progress_task = None
     if options.progress != "none":
         progress_task = asyncio.create_task(progress.report(
-            dispatchers, clock=clock, tty=tty, stream=stream, run_id=options.run_id))
+            pieces.dispatchers, clock=clock, tty=tty, stream=stream, run_id=options.run_id,
+            day=day))
+    await pieces.obs.start(pieces.chains, pieces.dispatchers)  # the port, the minute export
     t0 = clock.monotonic()
     try:
-        await asyncio.gather(*(d.run(stop, grace=options.grace_seconds) for d in dispatchers))
+        await asyncio.gather(*(d.run(stop, grace=options.grace_seconds)
+                               for d in pieces.dispatchers))
     finally:
         if progress_task is not None:
             progress_task.cancel()
             await asyncio.gather(progress_task, return_exceptions=True)
         persisted = await writer.close()
         await asyncio.gather(writer_task, return_exceptions=True)
-        await http.aclose()
-        await obs.stop()  # issue 11: last minute rows, the port closed
+        await pieces.http.aclose()
+        await pieces.obs.stop()  # the last minute rows; the port closed
         for sig in signals:
             loop.remove_signal_handler(sig)
-    elapsed = clock.monotonic() - t0
+    return Execution(interrupted=stop.is_set(), persisted=persisted, unwritten=writer.pending,
+                     elapsed=clock.monotonic() - t0)
 
-    provs = []
-    for d in dispatchers:
-        s = d.stats.summary()
-        s["chain"] = chains[d.org_code].snapshot()
-        provs.append(s)
-    interrupted = stop.is_set()
-    attention = any(p["deferred"] or p["dead_lettered"] or p["by_outcome"].get("client")
-                    for p in provs) or not persisted
-    exit_code = EXIT_INTERRUPTED if interrupted else EXIT_ATTENTION if attention else EXIT_OK
-    status = ("interrupted" if interrupted else "incomplete" if attention else "done")
-    summary: dict[str, Any] = {
-        "run_id": options.run_id,
-        "date": today.isoformat(),
-        "week_start": week.isoformat(),
-        "worker_id": options.worker_id,
-        "status": status,
-        "exit_code": exit_code,
-        "elapsed_seconds": round(elapsed, 2),
-        "window_override": [str(w) for w in options.window_override]
+
+def summarize(inputs: RunInputs, plans: DayPlans, pieces: Pieces, done: Execution,
+              options: RunOptions) -> RunSummary:
+    """The typed end-of-run summary, from each dispatcher's stats and chain."""
+    provs = tuple(ProviderSummary.from_stats(d.stats.summary(),
+                                             chain=pieces.chains[d.org_code].snapshot())
+                  for d in pieces.dispatchers)
+    attention = any(p.attention for p in provs) or not done.persisted
+    exit_code = (EXIT_INTERRUPTED if done.interrupted else EXIT_ATTENTION if attention
+                 else EXIT_OK)
+    status = "interrupted" if done.interrupted else "incomplete" if attention else "done"
+    return RunSummary(
+        run_id=options.run_id, date=inputs.today.isoformat(),
+        week_start=inputs.week.isoformat(), worker_id=options.worker_id, status=status,
+        exit_code=exit_code, elapsed_seconds=round(done.elapsed, 2), providers=provs,
+        window_override=tuple(str(w) for w in options.window_override)
         if options.window_override else None,
-        "outcomes_persisted": persisted,
-        "unwritten_outcomes": writer.pending,
-        "providers": provs,
-        "totals": _totals(provs),
-    }
+        outcomes_persisted=done.persisted, unwritten_outcomes=done.unwritten,
+        replanned=plans.replanned)
+
+
+async def record(engine: AsyncEngine, summary: RunSummary, *, clock: Clock) -> None:
+    """Step 5: close the ``runs`` row with the summary (a failure to is logged, not raised:
+    the outcomes are written already)."""
     try:
         async with transaction(engine) as conn:
-            await conn.execute(update(schema.runs).where(schema.runs.c.run_id == options.run_id)
-                               .values(finished_at=clock.now(), status=status,
-                                       summary=json.dumps(summary)))
+            await conn.execute(update(schema.runs).where(schema.runs.c.run_id == summary.run_id)
+                               .values(finished_at=clock.now(), status=summary.status,
+                                       summary=summary.dumps()))
     except Exception as exc:
         log.error("could not store the run summary", extra={
-            "action": "summary_failed", "run_id": options.run_id,
+            "action": "summary_failed", "run_id": summary.run_id,
             "error": describe(exc)})
-    await obs.close()  # issue 11: the gauges re-read (this run's status), the last textfile
-    return RunResult(summary, exit_code)
+
+
+async def close_failed(engine: AsyncEngine, run_id: str, reason: str, *,
+                       clock: Clock) -> None:
+    """A run that ends on an error: its ``runs`` row is closed as failed, with the reason."""
+    try:
+        async with transaction(engine) as conn:
+            await conn.execute(update(schema.runs).where(schema.runs.c.run_id == run_id)
+                               .values(finished_at=clock.now(), status="failed",
+                                       error=reason))
+    except Exception as exc:
+        log.error("could not close the failed run", extra={
+            "action": "close_failed_failed", "run_id": run_id, "error": describe(exc)})
+
+
+async def run_day(
+    engine: AsyncEngine,
+    *,
+    clock: Clock,
+    options: RunOptions,
+    stream: TextIO | None = None,
+    http_factory: Callable[[int], httpx.AsyncClient] | None = None,
+    install_signals: bool = True,
+) -> RunResult:
+    """Run today's work (read inputs, make sure of the plan, build each provider's pieces,
+    execute, record); returns the summary and the exit code."""
+    stream = stream or sys.stderr
+    run_id = options.run_id
+    inputs = await read_inputs(engine, clock=clock, options=options)
+    _step("read_inputs", run_id, providers=len(inputs.providers),
+          date=inputs.today.isoformat())
+    await open_run(engine, inputs, options)
+    try:
+        plans = await ensure_plan(engine, inputs, options)
+        _step("plan", run_id, replanned=plans.replanned,
+              planned=sum(p.batch_quota for p in plans.plans.values()))
+        before = await work.attempted_today(engine, day=inputs.today)
+        pieces = build_pieces(inputs, plans, options, engine=engine, clock=clock,
+                              attempted_before=before, http_factory=http_factory)
+        _step("build", run_id, dispatchers=len(pieces.dispatchers))
+        done = await execute(pieces, options, clock=clock, day=inputs.today, stream=stream,
+                             install_signals=install_signals)
+        _step("execute", run_id, interrupted=done.interrupted, persisted=done.persisted)
+    except Exception as exc:
+        reason = describe(exc)
+        log.error("run failed", extra={"action": "run_failed", "run_id": run_id,
+                                       "error": reason})
+        await close_failed(engine, run_id, reason, clock=clock)
+        raise
+    summary = summarize(inputs, plans, pieces, done, options)
+    await record(engine, summary, clock=clock)
+    await pieces.obs.close()  # the gauges re-read (this run's status), the last textfile
+    _step("record", run_id, status=summary.status, exit_code=summary.exit_code)
+    return RunResult(summary, summary.exit_code)
 
 
 def _refresher(client: MydataClient) -> Callable[[work.Claim, float | None], Any]:
@@ -252,35 +407,7 @@ def _state_of(chain: ProviderChain) -> Callable[[], str]:
     return state
 
 
-_SUMMED = ("planned", "attempted_before_run", "attempted", "succeeded", "already_transferred",
-           "dead_assets", "failed", "deferred", "not_attempted", "dead_lettered", "calls",
-           "missed_slices", "slices")
-
-
-def _totals(provs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    return {k: sum(int(p[k]) for p in provs) for k in _SUMMED}
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-    """The end-of-run summary as an aligned table for a person."""
-    cols = [("provider", "org_code", 10), ("planned", "planned", 9),
-            ("attempted", "attempted", 9), ("ok", "succeeded", 9), ("failed", "failed", 7),
-            ("deferred", "deferred", 8), ("dead-ltr", "dead_lettered", 8),
-            ("calls", "calls", 8), ("calls/s", "calls_per_second", 8)]
-    head = "  ".join(f"{h:>{w}}" if i else f"{h:<{w}}" for i, (h, _, w) in enumerate(cols))
-    head += "  late p50/p99 ms  missed  breaker"
-    out = [f"run {summary['run_id']}  {summary['date']}  status {summary['status']}  "
-           f"({summary['elapsed_seconds']} s)", head, "-" * len(head)]
-    for p in summary["providers"]:
-        row = "  ".join(
-            (f"{p[k]:<{w}}" if i == 0 else
-             f"{p[k]:>{w},}" if isinstance(p[k], int) else f"{p[k]:>{w}}")
-            for i, (_, k, w) in enumerate(cols))
-        late = p["slice_lateness_ms"]
-        row += f"  {late['p50']:>6.2f}/{late['p99']:<8.2f}  {p['missed_slices']:>6}  {p['breaker']}"
-        out.append(row)
-    t = summary["totals"]
-    out.append("-" * len(head))
-    out.append(f"{'total':<10}  " + "  ".join(
-        f"{t[k]:>{w},}" for _, k, w in cols[1:-1]))
-    return "\n".join(out)
+__all__ = ["EXIT_ATTENTION", "EXIT_INTERRUPTED", "EXIT_OK", "RunOptions", "RunResult",
+           "RunSummary", "build_pieces", "close_failed", "ensure_plan", "execute",
+           "format_summary", "open_run", "provider_minutes", "read_inputs", "record",
+           "run_day", "summarize"]

@@ -70,7 +70,9 @@ async def test_week_plan_places_every_due_consent_inside_its_release_and_deadlin
     a = plan.days[plan.days["org_code"] == "BANKAAAAAA"].set_index("date")
     assert list(a.index) == [SUNDAY + timedelta(i) for i in range(7)]
     assert int(a["batch_quota"].sum()) == 300 + 40 + 70          # not next week's, not dead
-    assert int(a.loc[SUNDAY, "batch_quota"]) >= 40                # backlog goes on day one
+    # backlog is levelled with the rest, counted as overdue, first in each day's quota
+    assert int(a["overdue"].sum()) == 40
+    assert int(a.loc[SUNDAY, "overdue"]) == min(40, int(a.loc[SUNDAY, "batch_quota"]))
     assert int(a["unplaceable"].sum()) == 0
     # Thursday's 70 cannot move earlier: Thu..Sat carry at least 70
     assert int(a.loc[SUNDAY + timedelta(4):, "batch_quota"].sum()) >= 70
@@ -137,9 +139,9 @@ async def test_replanning_keeps_past_days_and_relevels_the_rest(engine: AsyncEng
     assert int(a.loc[SUNDAY + timedelta(2), "batch_quota"]) == 0
     assert not a.loc[:SUNDAY + timedelta(2), "planned"].any()
     assert a.loc[wed:, "planned"].all()
-    # still due: 300 - 119 this week + 40 backlog (due by Wed) + 70 from Thursday
+    # still due: 300 - 119 this week + 40 backlog (levelled, overdue) + 70 from Thursday
     assert int(a.loc[wed:, "batch_quota"].sum()) == 300 - 119 + 40 + 70
-    assert int(a.loc[wed, "batch_quota"]) >= 40
+    assert int(a.loc[wed:, "overdue"].sum()) == 40
     assert int(a.loc[SUNDAY, "forecast_user_calls"]) == 123        # actual usage, Sunday
     assert int(a.loc[SUNDAY + timedelta(1), "forecast_user_calls"]) == 400  # forecast, Monday
 
@@ -289,7 +291,7 @@ async def test_a_failed_save_leaves_the_previous_plan_in_place(engine: AsyncEngi
     assert await load_day_plan(engine, day=SUNDAY) == plan.day_plans(SUNDAY)
 
 
-async def test_backlog_moves_to_tomorrow_when_todays_window_is_already_over(
+async def test_nothing_goes_on_today_when_its_window_is_already_over(
         engine: AsyncEngine) -> None:
     await _populate(engine)
     noon = datetime(2026, 11, 22, 12, 0, tzinfo=KST)         # A's window 00:00-06:00 is over
@@ -297,5 +299,5 @@ async def test_backlog_moves_to_tomorrow_when_todays_window_is_already_over(
     a = plan.days[plan.days["org_code"] == "BANKAAAAAA"].set_index("date")
     assert int(a.loc[SUNDAY, "capacity"]) == 0
     assert int(a.loc[SUNDAY, "batch_quota"]) == 0
-    assert int(a.loc[SUNDAY + timedelta(1), "batch_quota"]) >= 40
+    assert int(a.loc[SUNDAY + timedelta(1):, "overdue"].sum()) == 40
     assert "BANKAAAAAA" not in plan.unplaceable()

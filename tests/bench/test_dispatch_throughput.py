@@ -267,8 +267,8 @@ async def _run(url: str, insts: Institutions, plan: dict[int, int]) -> RunFigure
             progress="none", lease=timedelta(minutes=10)), stream=io.StringIO(),
             install_signals=False)
         elapsed_total = time.monotonic() - t0
-        provs = res.summary["providers"]
-        assert res.summary["totals"]["not_attempted"] == 0, res.summary["totals"]
+        provs = res.summary.to_json()["providers"]
+        assert res.summary.totals["not_attempted"] == 0, res.summary.totals
         async with engine.connect() as conn:
             rows = (await conn.execute(select(
                 schema.call_outcomes.c.org_code, schema.call_outcomes.c.action,
@@ -290,7 +290,7 @@ async def _run(url: str, insts: Institutions, plan: dict[int, int]) -> RunFigure
     p99 = max(p["slice_lateness_ms"]["p99"] for p in provs)
     mx = max(p["slice_lateness_ms"]["max"] for p in provs)
     err = max(p["planned_vs_started_error"] for p in provs)
-    return RunFigures(res.summary, sum(int(p["calls"]) for p in provs), seconds,
+    return RunFigures(res.summary.to_json(), sum(int(p["calls"]) for p in provs), seconds,
                       {k: dict(v) for k, v in done.items()}, (p50, p99, mx),
                       sum(int(p["slices"]) for p in provs),
                       sum(int(p["missed_slices"]) for p in provs), err, elapsed_total)

@@ -187,13 +187,21 @@ async def test_json_names_the_unit_of_every_day_number(week: Week) -> None:
     assert card["peak_to_mean_calls"] == round(10_200 / (36_000 / 7), 4)
 
 
-def test_run_totals_ignore_summaries_of_another_shape() -> None:
+def test_run_totals_are_read_from_the_typed_summary_and_ignore_other_shapes() -> None:
+    from batch.dispatch.summary import RunSummary
+    from tests.dispatch.test_summary import provider_stats
+
     assert parse_run_totals(None) is None
     assert parse_run_totals("not json") is None
     assert parse_run_totals('{"providers": [{"planned": "many"}]}') is None
+    # the ad-hoc shape of old is no longer guessed at: no run_id, no org_code
     assert parse_run_totals('{"providers": [{"planned": 2}, {"planned": 3, "failed": 1}]}') \
-        is not None
-    totals = parse_run_totals('{"providers": [{"planned": 2}, {"planned": 3, "failed": 1}]}')
+        is None
+    summary = RunSummary(run_id="r1", date="2026-11-30", week_start="2026-11-29",
+                         worker_id="w", status="done", exit_code=0, elapsed_seconds=1.0,
+                         providers=(provider_stats("BANK000001", planned=2),
+                                    provider_stats("BANK000002", planned=3, failed=1)))
+    totals = parse_run_totals(summary.dumps())
     assert totals is not None and (totals.planned, totals.failed) == (5, 1)
 
 

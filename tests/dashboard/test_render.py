@@ -148,3 +148,34 @@ async def test_options_the_planner_refuses_are_flagged_on_the_page(week: Week) -
     assert f"institution {CARD}: options are not JSON" in page
     # its batch calls assume the default 3 calls per consent: 300 consents, 900 calls
     assert Tables(page).row(f"load-{CARD}", "Batch planned", "calls")[0] == "900"
+
+
+async def test_overdue_consents_show_per_provider_in_the_header_table_and_json(
+        week: Week) -> None:
+    today = WEEK + timedelta(days=2)
+    async with week.engine.begin() as conn:
+        await conn.execute(update(schema.plan_days).where(
+            schema.plan_days.c.org_code == CARD, schema.plan_days.c.day >= today)
+            .values(overdue=40))
+        # an earlier day's count is history, not what is still overdue
+        await conn.execute(update(schema.plan_days).where(
+            schema.plan_days.c.org_code == BANK, schema.plan_days.c.day < today)
+            .values(overdue=99))
+    snap = await load_snapshot(week.engine, week=WEEK, now=NOW)
+    assert (snap.overdue(CARD), snap.overdue(BANK)) == (5 * 40, 0)
+    page = render_page(snap)
+    assert f"overdue: {CARD} 200" in page
+    assert "Overdue (earlier week)" in page
+    by_org = {p["org_code"]: p for p in summary(snap)["providers"]}
+    assert (by_org[CARD]["overdue_consents"], by_org[BANK]["overdue_consents"]) == (200, 0)
+
+
+async def test_a_failed_run_shows_its_reason(week: Week) -> None:
+    async with week.engine.begin() as conn:
+        run_id = (await conn.execute(schema.runs.select().limit(1))).first().run_id
+        await conn.execute(update(schema.runs).where(schema.runs.c.run_id == run_id)
+                           .values(status="failed", error="DatabaseError: disk full"))
+    snap = await load_snapshot(week.engine, week=WEEK, now=NOW)
+    page = render_page(snap)
+    assert 'title="DatabaseError: disk full">failed</span>' in page
+    assert {r["error"] for r in summary(snap)["runs"]} >= {"DatabaseError: disk full"}

@@ -1,29 +1,62 @@
-"""run_day's nightly re-plan: a plan saved before today is re-levelled; one saved today is kept."""
+"""run_day in its steps: read inputs, make sure of the plan (nightly re-plan, stale plans,
+an override's window), build each provider's pieces (minutes cut to the windows in force),
+execute, record; a run that ends on an error is closed as failed with the reason."""
 
 from __future__ import annotations
 
 import io
+import logging
 from datetime import datetime, timedelta
 
+import httpx
+import pytest
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.clock import KST, FakeClock
+from batch.config import parse_institutions
 from batch.db import schema
-from batch.dispatch.runner import RunOptions, run_day
-from planning.windows import parse_window
-from tests.integration.helpers import DAY, free_ports, make_institutions, populate
+from batch.db.loaders import load_institutions
+from batch.dispatch.runner import (
+    DayPlans,
+    RunOptions,
+    build_pieces,
+    ensure_plan,
+    execute,
+    provider_minutes,
+    read_inputs,
+    run_day,
+)
+from batch.errors import InputError
+from batch.planner import DayPlan, build_week_plan, load_day_plan, save_plan
+from planning.windows import day_minutes, parse_window, parse_windows
+from tests.integration.helpers import (
+    DAY,
+    free_ports,
+    institutions_toml,
+    make_institutions,
+    populate,
+)
 
-# An override window already over at 01:00: the run plans, then has nothing left to do.
-PAST = (parse_window("0001:0002", step=1),)
+# 07:00 on Monday: every provider's window 00:00-06:00 is over, so a run plans and stops.
+AFTER_WINDOW = datetime(2026, 11, 30, 7, 0, tzinfo=KST)
 
 
-async def _planned(engine: AsyncEngine) -> int:
-    clock = FakeClock(datetime(2026, 11, 30, 1, 0, tzinfo=KST))
-    res = await run_day(engine, clock=clock, options=RunOptions(window_override=PAST,
-                        progress="none"), stream=io.StringIO(), install_signals=False)
-    (p,) = res.summary["providers"]
-    return int(p["planned"])
+def _options(**kw: object) -> RunOptions:
+    return RunOptions(progress="none", **kw)  # type: ignore[arg-type]
+
+
+async def _run(engine: AsyncEngine, when: datetime = AFTER_WINDOW, **kw: object) -> object:
+    res = await run_day(engine, clock=FakeClock(when), options=_options(**kw),
+                        stream=io.StringIO(), install_signals=False)
+    return res.summary
+
+
+async def _plan_rows(engine: AsyncEngine) -> dict[object, int]:
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(schema.plan_days.c.day,
+                                          schema.plan_days.c.batch_quota))).all()
+    return {r.day: int(r.batch_quota) for r in rows}
 
 
 async def test_a_plan_saved_before_today_is_relevelled_from_what_is_due(
@@ -34,18 +67,199 @@ async def test_a_plan_saved_before_today_is_relevelled_from_what_is_due(
     await populate(engine, insts, per_provider=30, now=now, quota=7)
     async with engine.begin() as conn:
         await conn.execute(update(schema.plan_days).values(created_at=now - timedelta(days=1)))
-    # No usage history: the 30 due consents level flat over Monday..Saturday.
-    assert await _planned(engine) == 5
-    async with engine.connect() as conn:
-        rows = (await conn.execute(select(schema.plan_days.c.day, schema.plan_days.c.batch_quota,
-                                          schema.plan_days.c.created_at))).all()
-    assert sum(r.batch_quota for r in rows) == 30
-    assert min(r.created_at for r in rows) >= datetime(2026, 11, 30, 0, 0, tzinfo=KST)
-    assert DAY in {r.day for r in rows}
+    summary = await _run(engine)
+    (p,) = summary.providers  # type: ignore[attr-defined]
+    # today's window is over: the 30 due consents level flat over Tuesday..Saturday
+    assert p.count("planned") == 0
+    rows = await _plan_rows(engine)
+    assert sum(rows.values()) == 30 and rows[DAY + timedelta(1)] == 6
+    assert "plan saved before today" in (summary.replanned or "")  # type: ignore[attr-defined]
 
 
 async def test_a_plan_saved_today_is_kept(engine: AsyncEngine) -> None:
     now = datetime(2026, 11, 30, 0, 30, tzinfo=KST)
     insts = make_institutions(free_ports(1), industries=("bank",))
     await populate(engine, insts, per_provider=30, now=now, quota=7)
-    assert await _planned(engine) == 7
+    summary = await _run(engine)
+    assert summary.providers[0].count("planned") == 7  # type: ignore[attr-defined]
+    assert summary.replanned is None  # type: ignore[attr-defined]
+
+
+# --- step 1: read inputs ----------------------------------------------------------------
+
+async def test_read_inputs_filters_by_only_and_refuses_an_unknown_org(
+    engine: AsyncEngine,
+) -> None:
+    insts = make_institutions(free_ports(2))
+    await populate(engine, insts, per_provider=1, now=AFTER_WINDOW)
+    first = insts.providers[0].org_code
+    inputs = await read_inputs(engine, clock=FakeClock(AFTER_WINDOW),
+                               options=_options(only=(first,)))
+    assert [p.org_code for p in inputs.providers] == [first]
+    assert (inputs.today, inputs.week, inputs.operator_org_code) == (
+        DAY, DAY - timedelta(1), "OPERATOR01")
+    with pytest.raises(InputError, match="NOPE000000"):
+        await read_inputs(engine, clock=FakeClock(AFTER_WINDOW),
+                          options=_options(only=("NOPE000000",)))
+
+
+# --- step 2: make sure of the plan (edge 3, edge 19, issue 13 item 3) --------------------
+
+async def _saved_plan(engine: AsyncEngine, windows: str, *, when: datetime,
+                      consents: int = 60) -> None:
+    toml = institutions_toml(free_ports(1), industries=("bank",)).replace(
+        '["0000:0600"]', windows)
+    await populate(engine, parse_institutions(toml), per_provider=consents, now=when)
+    await save_plan(engine, await build_week_plan(engine, week_of=DAY, today=DAY, now=when))
+
+
+async def _reload(engine: AsyncEngine, windows: str, when: datetime) -> None:
+    toml = institutions_toml(free_ports(1), industries=("bank",)).replace(
+        '["0000:0600"]', windows)
+    await load_institutions(engine, parse_institutions(toml), now=when)
+
+
+async def test_a_plan_made_under_other_windows_is_replanned_for_the_new_ones(
+    engine: AsyncEngine,
+) -> None:
+    early = datetime(2026, 11, 30, 0, 10, tzinfo=KST)
+    await _saved_plan(engine, '["0000:0600"]', when=early)
+    await _reload(engine, '["1200:1800"]', early + timedelta(minutes=5))
+    clock = FakeClock(early + timedelta(minutes=10))
+    inputs = await read_inputs(engine, clock=clock, options=_options())
+    plans = await ensure_plan(engine, inputs, _options())
+    assert plans.replanned is not None
+    assert "institutions loaded again" in plans.replanned
+    assert "0000:0600" in plans.replanned and "1200:1800" in plans.replanned
+    (plan,) = plans.plans.values()
+    assert plan.minutes and set(plan.minutes) <= set(range(12 * 60, 18 * 60))
+
+
+async def test_consents_loaded_again_make_the_plan_stale(engine: AsyncEngine) -> None:
+    from batch.db.marks import mark_loaded
+
+    early = datetime(2026, 11, 30, 0, 10, tzinfo=KST)
+    await _saved_plan(engine, '["0000:0600"]', when=early)
+    clock = FakeClock(early + timedelta(minutes=10))
+    inputs = await read_inputs(engine, clock=clock, options=_options())
+    assert (await ensure_plan(engine, inputs, _options())).replanned is None
+    async with engine.begin() as conn:  # what load_consents records in its transaction
+        await mark_loaded(conn, "consents", early + timedelta(minutes=5))
+    again = await ensure_plan(engine, inputs, _options())
+    assert again.replanned == "consents loaded again since the plan was made"
+    assert (await ensure_plan(engine, inputs, _options())).replanned is None  # re-made once
+
+
+async def test_an_override_replans_today_when_the_saved_plan_gave_it_nothing(
+    engine: AsyncEngine, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # `plan --save` at 07:00: the window 00:00-06:00 is over, today gets no capacity
+    await _saved_plan(engine, '["0000:0600"]', when=AFTER_WINDOW, consents=60)
+    assert (await load_day_plan(engine, day=DAY))["BANK000000"].batch_quota == 0
+    override = (parse_window("2000:2030", step=1),)
+    options = _options(window_override=override)
+    inputs = await read_inputs(engine, clock=FakeClock(AFTER_WINDOW + timedelta(hours=1)),
+                               options=options)
+    with caplog.at_level(logging.INFO, logger="mydata.run"):
+        plans = await ensure_plan(engine, inputs, options)
+    plan = plans.plans["BANK000000"]
+    assert plan.batch_quota > 0
+    assert set(plan.minutes) <= set(range(20 * 60, 20 * 60 + 30))
+    assert sum(plan.minutes.values()) == plan.batch_quota
+    assert plans.replanned is not None and "window override 2000:2030" in plans.replanned
+    assert any("window override 2000:2030" in str(getattr(r, "reason", ""))
+               for r in caplog.records)
+
+
+# --- step 3: build each provider's pieces -------------------------------------------------
+
+def test_planned_minutes_outside_the_windows_in_force_are_cut() -> None:
+    plan = DayPlan("BANK000001", DAY, 6, {59: 2, 60: 2, 61: 2}, limits_key="0000:0100|1|1")
+    open_ = day_minutes(parse_windows(["0100:0700"]))
+    assert provider_minutes(plan, open_, per_minute_cap=10) == {60: 2, 61: 2}
+    assert provider_minutes(plan, open_, per_minute_cap=10, override=True) == {60: 2, 61: 2}
+    assert provider_minutes(None, [60], per_minute_cap=10) == {}
+
+
+def test_under_an_override_a_plan_of_unknown_origin_is_spread_over_the_override() -> None:
+    old = DayPlan("BANK000001", DAY, 6, {59: 6})           # saved by an older version
+    assert provider_minutes(old, [600, 601], per_minute_cap=10, override=True) == {
+        600: 3, 601: 3}
+    assert provider_minutes(old, [600, 601], per_minute_cap=10) == {}
+
+
+async def test_build_gives_each_dispatcher_only_minutes_inside_its_current_windows(
+    engine: AsyncEngine,
+) -> None:
+    early = datetime(2026, 11, 30, 0, 10, tzinfo=KST)
+    await _saved_plan(engine, '["0000:0600"]', when=early)
+    await _reload(engine, '["0300:0900"]', early)
+    inputs = await read_inputs(engine, clock=FakeClock(early), options=_options())
+    stale = DayPlans(await load_day_plan(engine, day=DAY))  # as if the plan were run as is
+    assert min(stale.plans["BANK000000"].minutes) < 180
+    pieces = build_pieces(inputs, stale, _options(), engine=engine, clock=FakeClock(early),
+                          attempted_before={},
+                          http_factory=lambda n: httpx.AsyncClient())
+    try:
+        (d,) = pieces.dispatchers
+        assert d.minutes and min(d.minutes) >= 180 and max(d.minutes) < 360
+        assert set(pieces.chains) == {"BANK000000"}
+    finally:
+        await pieces.http.aclose()
+
+
+# --- step 4 and 5: execute, record; a failed run --------------------------------------------
+
+async def test_execute_with_nothing_planned_ends_at_once_and_writes_everything(
+    engine: AsyncEngine,
+) -> None:
+    await _saved_plan(engine, '["0000:0600"]', when=AFTER_WINDOW)
+    clock = FakeClock(AFTER_WINDOW)
+    inputs = await read_inputs(engine, clock=clock, options=_options())
+    plans = await ensure_plan(engine, inputs, _options())
+    pieces = build_pieces(inputs, plans, _options(), engine=engine, clock=clock,
+                          attempted_before={}, http_factory=lambda n: httpx.AsyncClient())
+    done = await execute(pieces, _options(), clock=clock, day=DAY, stream=io.StringIO(),
+                         install_signals=False)
+    assert (done.interrupted, done.persisted, done.unwritten) == (False, True, 0)
+    assert pieces.http.is_closed
+
+
+async def test_a_run_that_records_its_summary_closes_the_row_done(engine: AsyncEngine) -> None:
+    await _saved_plan(engine, '["0000:0600"]', when=AFTER_WINDOW)
+    summary = await _run(engine)
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(schema.runs))).one()
+    assert (row.status, row.error) == ("done", None)
+    assert row.finished_at is not None
+    from batch.dispatch.summary import RunSummary
+    assert RunSummary.from_json(row.summary) == summary
+
+
+async def test_a_run_that_ends_on_an_error_is_closed_as_failed_with_the_reason(
+    engine: AsyncEngine,
+) -> None:
+    await _saved_plan(engine, '["0000:0600"]', when=AFTER_WINDOW)
+
+    def broken(n: int) -> httpx.AsyncClient:
+        raise OSError("no file descriptors left")
+
+    with pytest.raises(OSError):
+        await run_day(engine, clock=FakeClock(AFTER_WINDOW), options=_options(),
+                      stream=io.StringIO(), install_signals=False, http_factory=broken)
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(schema.runs))).one()
+    assert row.status == "failed"
+    assert row.finished_at is not None
+    assert "no file descriptors left" in row.error
+
+
+async def test_every_step_logs_a_line(engine: AsyncEngine,
+                                      caplog: pytest.LogCaptureFixture) -> None:
+    await _saved_plan(engine, '["0000:0600"]', when=AFTER_WINDOW)
+    with caplog.at_level(logging.INFO, logger="mydata.run"):
+        await _run(engine)
+    steps = [getattr(r, "action", "") for r in caplog.records
+             if str(getattr(r, "action", "")).startswith("step_")]
+    assert steps == ["step_read_inputs", "step_plan", "step_build", "step_execute",
+                     "step_record"]

@@ -37,7 +37,7 @@ async def test_a_short_window_run_attempts_every_due_consent_exactly_once(
             lease=timedelta(minutes=5)), stream=io.StringIO(), install_signals=False)
         stats = sim.stats(detail=True)
 
-    summary = res.summary
+    summary = res.summary.to_json()
     assert res.exit_code == 0, summary
     assert summary["date"] == DAY.isoformat()
     by_org = {p["org_code"]: p for p in summary["providers"]}

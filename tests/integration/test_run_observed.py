@@ -124,7 +124,7 @@ async def test_metrics_match_the_simulator_and_the_outcome_rows_and_check_fires_
     assert by_code_of(stats, "BANK000000").get("50001", 0) > 10  # the storm happened
     assert metric(text, "mydata_retries_total", provider="CARD000001") == 0
     assert metric(text, "mydata_last_successful_run_timestamp_seconds") > 0 or \
-        res.summary["status"] != "done"
+        res.summary.status != "done"
 
     # check: the storm provider breaches the retry ratio; the healthy one does not
     health = await read_health(engine, now=clock.now())
@@ -139,7 +139,7 @@ async def test_metrics_match_the_simulator_and_the_outcome_rows_and_check_fires_
     # no output of the run holds a token or a user id
     page = await dashboard_html(engine, now=clock.now())
     outputs = {"logs": log_stream.getvalue(), "textfile": text,
-               "summary": json.dumps(res.summary), "page": page, "check": out.output,
+               "summary": res.summary.dumps(), "page": page, "check": out.output,
                "minutes": json.dumps([dict(m._mapping) for m in minutes], default=str)}
     assert '"action": "retry_budget_exhausted"' in outputs["logs"]  # logged by default
     secrets = [t for toks in tokens.values() for t in toks] + [
@@ -159,7 +159,7 @@ async def test_check_stays_quiet_on_a_healthy_run_and_logs_are_json_with_context
         monkeypatch: pytest.MonkeyPatch) -> None:
     res, _, _, text, clock = await observed_run(engine, tmp_path, log_stream,
                                                     scenario=None, per_provider=60)
-    assert res.summary["status"] == "done", res.summary
+    assert res.summary.status == "done", res.summary
     assert metric(text, "mydata_retries_total") == 0
     assert metric(text, "mydata_last_successful_run_timestamp_seconds") == pytest.approx(
         clock.now().timestamp(), abs=60)
@@ -172,4 +172,4 @@ async def test_check_stays_quiet_on_a_healthy_run_and_logs_are_json_with_context
     assert lines
     for ln in lines:
         assert {"run_id", "worker_id", "org_code", "action"} <= set(ln), ln
-        assert ln["run_id"] == res.summary["run_id"]
+        assert ln["run_id"] == res.summary.run_id
