@@ -8,8 +8,8 @@ once, here, for every command (:class:`MydataCommand`).
 from __future__ import annotations
 
 import asyncio
-import sys
 import socket
+import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn, TypeVar
