@@ -202,14 +202,13 @@ def due_classes_query(sunday: date, planned: Sequence[date]) -> Select[Any]:
 async def _read(engine: AsyncEngine, sunday: date, today: date, now: datetime,
                 planned: list[date]) -> tuple[dict[str, ProviderLimits], pd.DataFrame,
                                               pd.DataFrame, pd.DataFrame]:
-    inst = schema.institutions
+    from batch.db.loaders import read_providers
+
     ud = schema.usage_daily
     co = schema.call_outcomes
     attempted_until = today if kst_date(now) >= today else today - timedelta(days=1)
     async with connect(engine) as conn:
-        rows = (await conn.execute(select(inst.c.org_code, inst.c.windows,
-                                          inst.c.calls_per_second, inst.c.options)
-                                   .order_by(inst.c.org_code))).all()
+        providers = await read_providers(conn)  # the one reader of stored institutions
         classes = (await conn.execute(due_classes_query(sunday, planned))).all()
         hist = (await conn.execute(
             select(ud.c.org_code, ud.c.day, ud.c.user_calls)
@@ -222,8 +221,7 @@ async def _read(engine: AsyncEngine, sunday: date, today: date, now: datetime,
                    co.c.action != "not_attempted")
             .group_by(co.c.org_code, co.c.day)
         )).all()
-    limits = {str(r[0]).strip(): limits_from_row(str(r[0]).strip(), r[1], float(r[2]), r[3])
-              for r in rows}
+    limits = {p.org_code: ProviderLimits.from_provider(p) for p in providers}
     cls = pd.DataFrame([(str(a).strip(), int(b), int(k), int(n)) for a, b, k, n in classes],
                        columns=["org_code", "backlog", "bucket", "count"])
     hist_df = pd.DataFrame([(str(a).strip(), d, int(n)) for a, d, n in hist],
