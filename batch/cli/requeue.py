@@ -47,5 +47,9 @@ def requeue_cmd(settings: Settings, org_code: str | None, ids: tuple[int, ...], 
                                                   ids=ids))
     for line in res.refused:
         click.echo(f"refused: {line}", err=True)
+    if not res.requeued and not res.refused:
+        click.echo("no open dead letters" + (f" of {org_code}" if org_code else "")
+                   + "; nothing requeued")
+        return
     click.echo(f"requeued {res.requeued} consent(s)"
                + (f", refused {len(res.refused)}" if res.refused else ""))

@@ -16,7 +16,7 @@ from datetime import date, datetime, time, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import bindparam, select, text, update
+from sqlalchemy import bindparam, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -31,7 +31,7 @@ from batch.db.csv_input import (
     parse_day,
 )
 from batch.db.engine import connect, transaction
-from batch.db.schema import UTCDateTime, institutions, settings, usage_daily
+from batch.db.schema import UTCDateTime, consents, institutions, settings, usage_daily
 from batch.errors import ConfigError
 from planning.calendar import week_start
 from planning.windows import Window, WindowError, parse_windows
@@ -62,6 +62,12 @@ def _upsert(conn: AsyncConnection, table: Any, keys: Sequence[str],
         postgresql.insert(table) if conn.dialect.name == "postgresql" else sqlite.insert(table))
     return ins.on_conflict_do_update(
         index_elements=list(keys), set_={c: ins.excluded[c] for c in update})
+
+
+async def count_consents(engine: AsyncEngine) -> int:
+    """How many consents the database holds (any status)."""
+    async with connect(engine) as conn:
+        return int((await conn.execute(select(func.count()).select_from(consents))).scalar_one())
 
 
 async def _org_codes(conn: AsyncConnection) -> frozenset[str]:
@@ -376,13 +382,14 @@ async def _refuse_duplicates(conn: AsyncConnection, src: CsvInput) -> None:
                                           f"{org.strip()} (first on line {first})")
 
 
-async def load_consents(engine: AsyncEngine, path: str | Path, *, now: datetime) -> int:
+async def load_consents(engine: AsyncEngine, path: str | Path, *, now: datetime,
+                        ignore_extra: bool = False) -> int:
     """Validate a consents CSV and upsert it on (user_id, org_code); returns the row count.
 
     Re-loading updates tokens and consent times; the weekly schedule only moves forward.
     """
     _require_aware(now)
-    with CsvInput(path, CONSENT_COLUMNS, CONSENT_OPTIONAL) as src:
+    with CsvInput(path, CONSENT_COLUMNS, CONSENT_OPTIONAL, ignore_extra=ignore_extra) as src:
         async with transaction(engine) as conn:
             known = await _org_codes(conn)
             sqlite_db = conn.dialect.name == "sqlite"
@@ -412,9 +419,16 @@ async def load_consents(engine: AsyncEngine, path: str | Path, *, now: datetime)
 
 # --- usage history -------------------------------------------------------------------------
 
-async def load_usage(engine: AsyncEngine, path: str | Path) -> int:
-    """Validate a usage CSV (org_code,date,user_calls) and upsert it on (org_code, date)."""
-    with CsvInput(path, USAGE_COLUMNS) as src:
+async def load_usage(engine: AsyncEngine, path: str | Path, *, now: datetime,
+                     ignore_extra: bool = False) -> int:
+    """Validate a usage CSV (org_code,date,user_calls) and upsert it on (org_code, date).
+
+    A row dated after ``now``'s KST date is refused: it is a typo or a clock gone wrong,
+    and the planner would read it as what actually happened.
+    """
+    _require_aware(now)
+    today = now.astimezone(KST).date()
+    with CsvInput(path, USAGE_COLUMNS, ignore_extra=ignore_extra) as src:
         async with transaction(engine) as conn:
             known = await _org_codes(conn)
             seen: dict[tuple[str, date], int] = {}
@@ -430,6 +444,9 @@ async def load_usage(engine: AsyncEngine, path: str | Path) -> int:
                 except ValueError:
                     raise src.error(line, "date", f"{day_raw!r} is not a date like "
                                                   f"2026-11-29") from None
+                if day > today:
+                    raise src.error(line, "date", f"{day} is in the future (today is {today} "
+                                                  "KST); usage rows record days gone by")
                 try:
                     calls = parse_count(calls_raw)
                 except ValueError:
@@ -444,6 +461,26 @@ async def load_usage(engine: AsyncEngine, path: str | Path) -> int:
             for i in range(0, len(rows), CHUNK_ROWS):
                 await conn.execute(stmt, rows[i:i + CHUNK_ROWS])
     return len(rows)
+
+
+async def usage_history(engine: AsyncEngine, *, today: date, days: int
+                        ) -> dict[str, tuple[int, int]]:
+    """Per active provider: (days with a usage row, days from the first row to the last)
+    among the ``days`` days before ``today``; (0, 0) for a provider with none."""
+    ud = usage_daily.c
+    async with connect(engine) as conn:
+        codes = await _active_codes(conn)
+        rows = (await conn.execute(
+            select(ud.org_code, func.count(), func.min(ud.day), func.max(ud.day))
+            .where(ud.day < today, ud.day >= today - timedelta(days=days))
+            .group_by(ud.org_code))).all()
+    found = {str(r[0]).strip(): (int(r[1]), (_as_date(r[3]) - _as_date(r[2])).days + 1)
+             for r in rows}
+    return {c: found.get(c, (0, 0)) for c in codes}
+
+
+def _as_date(value: Any) -> date:
+    return value if isinstance(value, date) else date.fromisoformat(str(value))
 
 
 __all__ = [
