@@ -91,8 +91,8 @@ class CsvInput:
             position[name] = i
         for want in self.required:
             if want not in position:
-                raise self.error(line, want, f"the header row has no column {want!r}; it "
-                                             f"must name {self._expected()}")
+                raise self.error(line, want, f"header column {want!r} is missing; the header "
+                                             f"row must name {self._expected()}")
         known = self.required + self.optional
         extra = [(i, n) for i, n in enumerate(names) if n not in known]
         if extra and not self.ignore_extra:

@@ -90,7 +90,8 @@ async def test_reloading_institutions_updates_limits_and_operator(engine: AsyncE
     await _with_institutions(engine)
     changed = TOML.replace("OPERATOR01", "OPERATOR02").replace("calls_per_second = 50",
                                                                "calls_per_second = 75")
-    await load_institutions(engine, parse_institutions(changed), now=NOW)
+    await load_institutions(engine, parse_institutions(changed), now=NOW,
+                            change_operator=True)
 
     back = await read_institutions(engine)
     assert back.operator_org_code == "OPERATOR02"
@@ -339,7 +340,8 @@ async def test_wrong_usage_header_is_refused(engine: AsyncEngine, tmp_path: Path
     path = _write(tmp_path, "u.csv", "org,date,calls\nBANK000001,2026-11-01,1\n")
     with pytest.raises(InputError) as err:
         await load_usage(engine, path, now=NOW)
-    assert str(err.value).startswith(f"{path}:1: field 'org_code': header column 1 is 'org'")
+    assert str(err.value).startswith(f"{path}:1: field 'org_code': header column 'org_code' "
+                                     "is missing")
     assert await _counts(engine) == (2, 1, 0, 0)
 
 
