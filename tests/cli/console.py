@@ -6,13 +6,17 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 
+from batch.clock import KST
+from batch.config import parse_institutions
 from batch.db import schema
-from batch.db.engine import make_engine
+from batch.db.engine import init_db, make_engine
+from batch.db.loaders import load_consents, load_institutions, load_usage
 from tests.integration.helpers import subprocess_env
 
 BIN = Path(sys.executable).with_name("mydata-batch")
@@ -79,10 +83,22 @@ def write(tmp: Path, name: str, text: str) -> Path:
     return p
 
 
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=KST)  # CLOCK's time
+
+
 def load_all(db: str, tmp: Path) -> None:
-    ok(cli("--db", db, "load", "institutions", str(write(tmp, "inst.toml", TOML))))
-    ok(cli("--db", db, "load", "consents", str(write(tmp, "consents.csv", CONSENTS))))
-    ok(cli("--db", db, "load", "usage", str(write(tmp, "usage.csv", USAGE))))
+    """TOML, CONSENTS and USAGE loaded (in this process: setup, not the thing under test)."""
+    async def go() -> None:
+        engine = make_engine(db)
+        try:
+            await init_db(engine)
+            await load_institutions(engine, parse_institutions(TOML), now=NOW)
+            await load_consents(engine, write(tmp, "consents.csv", CONSENTS), now=NOW)
+            await load_usage(engine, write(tmp, "usage.csv", USAGE), now=NOW)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(go())
 
 
 def snapshot(db: str) -> dict[str, list[tuple[Any, ...]]]:
