@@ -1,6 +1,6 @@
 """Institutions file (TOML): the operator's org code and each provider's windows and limits.
 
-The fixed keys are in DESIGN.md; optional per-provider keys tune the resilience chain.
+The keys are in docs/operator.md; optional per-provider tables tune the resilience chain.
 Every error names the file, the line and the field.
 """
 
