@@ -14,6 +14,7 @@ import pandas as pd
 from batch.cli import Settings, main, with_engine
 from batch.cli.options import clock_from_env
 from batch.errors import ConfigError
+from batch.db.loaders import usage_days
 from batch.planner import WeekPlan, build_week_plan, save_plan
 from planning.calendar import KST, kst_date, week_days, week_start
 
@@ -85,9 +86,11 @@ def provider_summary(g: pd.DataFrame) -> dict[str, float]:
             "ratio": peak / uniform_peak if uniform_peak else 1.0}
 
 
-def to_table(plan: WeekPlan, *, saved: bool) -> str:
+def to_table(plan: WeekPlan, *, saved: bool,
+             actual: frozenset[tuple[str, date]] | None = None) -> str:
     """Aligned per-provider tables, the peak against the uniform split, totals, and loud
-    warnings for consents that cannot fit this week."""
+    warnings for consents that cannot fit this week. A past day is labelled "(actual)"
+    only where ``actual`` (provider, day) has usage rows, as on the dashboard."""
     days = plan.week
     lines: list[str] = []
     action = "saved" if saved else "dry run: nothing saved (--save stores it)"
@@ -121,7 +124,8 @@ def to_table(plan: WeekPlan, *, saved: bool) -> str:
                          _n(r["forecast_user_calls"]), _n(r["batch_quota"]),
                          _n(r["batch_calls"]), _n(r["total"]), _n(r["capacity"]),
                          _n(r["unplaceable"]) if r["unplaceable"] else "-",
-                         "" if r["planned"] else "(actual)"))
+                         "" if r["planned"] else "(actual)" if actual is None
+                         or (str(org), day) in actual else "(past; forecast)"))
         s = provider_summary(g)
         body.append(("week", "", _n(g["forecast_user_calls"].sum()), _n(g["batch_quota"].sum()),
                      _n(g["batch_calls"].sum()), _n(g["total"].sum()), "",
@@ -173,19 +177,19 @@ def plan_cmd(settings: Settings, week_text: str | None, today_text: str | None, 
         # A what-if for another day: plan it as seen from its first minute.
         now = datetime.combine(today, time(0), tzinfo=KST)
 
-    async def go(engine: Any) -> WeekPlan:
+    async def go(engine: Any) -> tuple[WeekPlan, frozenset[tuple[str, date]]]:
         plan = await build_week_plan(engine, week_of=week_of, today=today, now=now)
         if save:
             await save_plan(engine, plan)
-        return plan
+        return plan, await usage_days(engine, plan.week[0], plan.week[-1])
 
-    plan = with_engine(settings, go)
+    plan, actual = with_engine(settings, go)
     if fmt == "json":
         click.echo(json.dumps(to_records(plan), indent=None))
     elif fmt == "csv":
         click.echo(to_csv(plan), nl=False)
     else:
-        click.echo(to_table(plan, saved=save))
+        click.echo(to_table(plan, saved=save, actual=actual))
     if plan.unplaceable():
         click.echo(f"mydata-batch: warning: {sum(plan.unplaceable().values()):,} consents "
                    "cannot be placed this week", err=True)

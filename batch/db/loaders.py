@@ -479,6 +479,17 @@ async def usage_history(engine: AsyncEngine, *, today: date, days: int
     return {c: found.get(c, (0, 0)) for c in codes}
 
 
+async def usage_days(engine: AsyncEngine, first: date, last: date
+                     ) -> frozenset[tuple[str, date]]:
+    """The (provider, day) pairs from ``first`` to ``last`` that have a usage row: the days
+    whose user calls are actual, not forecast."""
+    ud = usage_daily.c
+    async with connect(engine) as conn:
+        rows = await conn.execute(select(ud.org_code, ud.day).where(ud.day.between(first,
+                                                                                    last)))
+        return frozenset((str(r[0]).strip(), _as_date(r[1])) for r in rows)
+
+
 def _as_date(value: Any) -> date:
     return value if isinstance(value, date) else date.fromisoformat(str(value))
 

@@ -137,3 +137,26 @@ def test_too_little_history_warns_what_the_forecast_falls_back_to(tmp_path: Path
         "over all providers",
         "warning: CARD000002 has no usage history in the last 182 days: its forecast is 0 "
         "user calls a day (no known user load)"]
+
+
+def test_the_plan_labels_a_past_day_actual_only_where_usage_rows_exist(
+        tmp_path: Path, db_url: str) -> None:
+    load_all(db_url, tmp_path)
+    ok(cli("--db", db_url, "load", "usage", str(write(
+        tmp_path, "u.csv", "org_code,date,user_calls\nBANK000001,2026-11-29,700\n"))))
+    out = ok(cli("--db", db_url, "plan")).stdout.splitlines()
+    labels = {}
+    org = ""
+    for line in out:
+        if line.startswith(("BANK", "CARD")):
+            org = line.split()[0]
+        elif line.strip().startswith(("2026-11-29", "2026-11-30")):
+            labels[(org, line.split()[0])] = line.split("  ")[-1].strip()
+    assert labels == {
+        ("BANK000001", "2026-11-29"): "(actual)",
+        ("BANK000001", "2026-11-30"): "(past; forecast)",
+        ("CARD000002", "2026-11-29"): "(past; forecast)",
+        ("CARD000002", "2026-11-30"): "(past; forecast)",
+    }
+    bank_sunday = next(ln for ln in out if ln.strip().startswith("2026-11-29"))
+    assert bank_sunday.split()[2] == "700"  # the actual user calls
