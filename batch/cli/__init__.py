@@ -47,7 +47,12 @@ class Settings:
 
 
 def _db_use(ctx: click.Context) -> str:
-    path = ctx.command_path.split(" ", 1)[1] if " " in ctx.command_path else ""
+    names: list[str] = []
+    node: click.Context | None = ctx
+    while node is not None and node.parent is not None:  # the root's name is the program's
+        names.insert(0, node.info_name or "")
+        node = node.parent
+    path = " ".join(names)
     while path:
         if path in _DB_USE:
             return _DB_USE[path]

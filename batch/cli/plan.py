@@ -13,8 +13,8 @@ import pandas as pd
 
 from batch.cli import Settings, main, with_engine
 from batch.cli.options import clock_from_env
-from batch.errors import ConfigError
 from batch.db.loaders import usage_days
+from batch.errors import ConfigError
 from batch.planner import WeekPlan, build_week_plan, save_plan
 from planning.calendar import KST, kst_date, week_days, week_start
 
