@@ -84,6 +84,9 @@ def test_a_file_without_a_provider_is_refused_unless_it_retires_it(tmp_path: Pat
     assert "retired 1 provider(s): CARD000002" in res.stdout
     plan = json.loads(ok(cli("--db", db_url, "plan", "--format", "json")).stdout)
     assert {r["org_code"] for r in plan} == {"BANK000001"}
+    # `run` reads the same providers: the retired one is not there to run
+    refused(cli("--db", db_url, "run", "--only", "CARD000002"),
+            "unknown org_code(s) for --only: CARD000002")
     # listed again, it is back
     ok(cli("--db", db_url, "load", "institutions", str(write(tmp_path, "inst.toml", TOML))))
     plan = json.loads(ok(cli("--db", db_url, "plan", "--format", "json")).stdout)
