@@ -1,6 +1,6 @@
 """Institutions file (TOML): the operator's org code and each provider's windows and limits.
 
-The fixed keys are in DESIGN.md; optional per-provider keys tune the resilience chain.
+The keys are in docs/operator.md; optional per-provider tables tune the resilience chain.
 Every error names the file, the line and the field.
 """
 
@@ -82,23 +82,45 @@ _REQUIRED = ("org_code", "industry", "base_url", "windows", "calls_per_second", 
 _OPTIONAL_FLOAT = ("connect_timeout", "read_timeout", "call_deadline")
 
 
-def _key_line(lines: list[str], table_index: int, key: str | None) -> int | None:
-    """Best-effort line number of ``key`` inside the ``table_index``-th ``[[providers]]``."""
-    count = -1
-    for i, raw in enumerate(lines, start=1):
-        s = raw.strip()
-        if s.startswith("[[providers]]"):
-            count += 1
-            if count == table_index and key is None:
+def key_line(lines: list[str], table_index: int | None, key: str | None,
+             section: str | None = None) -> int | None:
+    """Best-effort line number of ``key`` (in ``[providers.<section>]`` when given) inside
+    the ``table_index``-th ``[[providers]]``, or among the top-level keys when
+    ``table_index`` is None; falls back to the table's own line."""
+    start, end, count = 0, len(lines), -1
+    if table_index is not None:
+        start = end
+        for i, raw in enumerate(lines):
+            if raw.strip().startswith("[[providers]]"):
+                count += 1
+                if count == table_index:
+                    start = i
+                elif count > table_index:
+                    end = i
+                    break
+    block = list(enumerate(lines[start:end], start=start + 1))
+    if key is None:
+        return start + 1 if table_index is not None else None
+    k = re.escape(key)
+    if section is not None:
+        s = re.escape(section)
+        inside = False
+        for i, raw in block:
+            t = raw.strip()
+            if t.startswith("["):
+                inside = re.match(rf"^\[\s*providers\s*\.\s*{s}\s*\]", t) is not None
+            elif inside and re.match(rf"^{k}\s*=", t):
                 return i
-            continue
-        if count == table_index and key is not None and re.match(rf"^{re.escape(key)}\s*=", s):
-            return i
-        if count > table_index:
+        patterns = [rf"^{s}\s*\.\s*{k}\s*=", rf"^{s}\s*=.*\b{k}\s*="]
+    else:
+        patterns = [rf"^{k}\s*=", rf"^\[\s*providers\s*\.\s*{k}\s*\]", rf"^{k}\s*\."]
+    for i, raw in block:
+        t = raw.strip()
+        if table_index is None and t.startswith("["):
             break
-    if key is not None:
-        return _key_line(lines, table_index, None)
-    return None
+        if any(re.match(p, t) for p in patterns):
+            return i
+    return start + 1 if table_index is not None else None
 
 
 def provider_from_mapping(raw: Mapping[str, Any]) -> Provider:
@@ -165,12 +187,10 @@ def parse_institutions(text: str, *, source: str = "<institutions>") -> Institut
     lines = text.splitlines()
     op = doc.get("operator_org_code")
     if not isinstance(op, str) or not ORG_CODE_RE.match(op):
-        op_line = next(
-            (i for i, s in enumerate(lines, 1) if s.strip().startswith("operator_org_code")), None
-        )
         raise ConfigError(
             "must be exactly 10 letters or digits (our org code)",
-            file=source, line=op_line, field="operator_org_code",
+            file=source, line=key_line(lines, None, "operator_org_code"),
+            field="operator_org_code",
         )
     raw_providers = doc.get("providers")
     if not isinstance(raw_providers, list) or not raw_providers:
@@ -183,13 +203,13 @@ def parse_institutions(text: str, *, source: str = "<institutions>") -> Institut
             p = provider_from_mapping(raw)
         except ConfigError as exc:
             raise ConfigError(
-                exc.reason, file=source, line=_key_line(lines, i, exc.field),
+                exc.reason, file=source, line=key_line(lines, i, exc.field),
                 field=f"providers[{i}].{exc.field}" if exc.field else None,
             ) from None
         if p.org_code in seen:
             raise ConfigError(
                 f"duplicate org_code {p.org_code!r} (first at providers[{seen[p.org_code]}])",
-                file=source, line=_key_line(lines, i, "org_code"),
+                file=source, line=key_line(lines, i, "org_code"),
                 field=f"providers[{i}].org_code",
             )
         seen[p.org_code] = i
@@ -209,5 +229,8 @@ def read_config_text(path: str | Path) -> str:
 
 
 def load_institutions(path: str | Path) -> Institutions:
-    """Read and validate an institutions file."""
-    return parse_institutions(read_config_text(path), source=str(path))
+    """Read and validate an institutions file in full: its syntax and values, no unknown
+    key at any level, and every setting the run will use (``batch.institutions_check``)."""
+    from batch.institutions_check import parse_checked
+
+    return parse_checked(read_config_text(path), source=str(path))

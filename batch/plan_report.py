@@ -60,9 +60,11 @@ def provider_summary(g: pd.DataFrame) -> dict[str, float]:
             "ratio": peak / uniform_peak if uniform_peak else 1.0}
 
 
-def to_table(plan: WeekPlan, *, saved: bool) -> str:
+def to_table(plan: WeekPlan, *, saved: bool,
+             actual: frozenset[tuple[str, date]] | None = None) -> str:
     """Aligned per-provider tables, the peak against the uniform split, totals, and loud
-    warnings for consents that cannot fit this week."""
+    warnings for consents that cannot fit this week. A past day is labelled "(actual)"
+    only where ``actual`` (provider, day) has usage rows, as on the dashboard."""
     days = plan.week
     lines: list[str] = []
     action = "saved" if saved else "dry run: nothing saved (--save stores it)"
@@ -97,7 +99,8 @@ def to_table(plan: WeekPlan, *, saved: bool) -> str:
                          _n(r["batch_calls"]), _n(r["total"]), _n(r["capacity"]),
                          _n(r["unplaceable"]) if r["unplaceable"] else "-",
                          _n(r["overdue"]) if r["overdue"] else "-",
-                         "" if r["planned"] else "(actual)"))
+                         "" if r["planned"] else "(actual)" if actual is None
+                         or (str(org), day) in actual else "(past; forecast)"))
         s = provider_summary(g)
         body.append(("week", "", _n(g["forecast_user_calls"].sum()), _n(g["batch_quota"].sum()),
                      _n(g["batch_calls"].sum()), _n(g["total"].sum()), "",

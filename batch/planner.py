@@ -37,7 +37,7 @@ from planning import minutes as minute_plan
 from planning import quotas, usage
 from planning.calendar import KST, week_days, week_start
 from planning.release import last_starts, usable_minutes
-from planning.windows import Window, WindowError, day_minutes, parse_windows
+from planning.windows import Window, day_minutes
 
 DEFAULT_CALLS_PER_CONSENT = 3.0
 HISTORY_DAYS = usage.MAX_HISTORY_DAYS
@@ -175,21 +175,6 @@ def _kst_midnight(day: date) -> datetime:
     return datetime.combine(day, time(0), tzinfo=KST)
 
 
-def limits_from_row(org_code: str, windows: str, calls_per_second: float,
-                    options: str | None) -> ProviderLimits:
-    """Parse an ``institutions`` row; a bad row is a ConfigError naming the provider."""
-    try:
-        raw = json.loads(windows)
-    except json.JSONDecodeError:
-        raw = [w.strip() for w in windows.split(",") if w.strip()]
-    try:
-        parsed = parse_windows(raw if isinstance(raw, list) else [raw], min_total_minutes=0)
-    except WindowError as exc:
-        raise ConfigError(f"institution {org_code}: {exc}", field="windows") from None
-    return ProviderLimits(org_code, parsed, float(calls_per_second),
-                          calls_per_consent_from_options(org_code, options))
-
-
 def calls_per_consent_from_options(org_code: str, options: str | None) -> float:
     """``calls_per_consent`` of an ``institutions.options`` JSON text (default when absent);
     a ConfigError naming the provider when it is not JSON or not a positive number."""
@@ -258,17 +243,15 @@ async def _read(engine: AsyncEngine, sunday: date, today: date, now: datetime,
                 planned: list[date], today_windows: tuple[Window, ...] | None
                 ) -> tuple[dict[str, ProviderLimits], pd.DataFrame, pd.DataFrame, pd.DataFrame,
                            int]:
-    inst = schema.institutions
+    from batch.db.loaders import read_providers
+
     ud = schema.usage_daily
     co = schema.call_outcomes
     attempted_until = today if now.astimezone(KST).date() >= today else today - timedelta(days=1)
     async with connect(engine) as conn:
         generation = await load_generation(conn)
-        rows = (await conn.execute(select(inst.c.org_code, inst.c.windows,
-                                          inst.c.calls_per_second, inst.c.options)
-                                   .order_by(inst.c.org_code))).all()
-        limits = {str(r[0]).strip(): limits_from_row(str(r[0]).strip(), r[1], float(r[2]), r[3])
-                  for r in rows}
+        providers = await read_providers(conn)  # the one reader of stored institutions
+        limits = {p.org_code: ProviderLimits.from_provider(p) for p in providers}
         bounds = release_bounds(limits, planned, now, today_windows)
         classes = (await conn.execute(due_classes_query(sunday, planned, bounds))).all()
         hist = (await conn.execute(

@@ -241,13 +241,18 @@ def write_seed(params: SeedParams, out_dir: str | Path) -> SeedResult:
                       usage_rows=rows, first_usage_day=first, last_usage_day=last)
 
 
-async def load_seed(engine: AsyncEngine, files: SeedFiles, *, now: datetime) -> tuple[int, int,
-                                                                                       int]:
-    """Load the written files through the validated loaders; (institutions, consents, usage)."""
+async def load_seed(engine: AsyncEngine, files: SeedFiles, *, now: datetime,
+                    replace: bool = False) -> tuple[int, int, int]:
+    """Load the written files through the validated loaders; (institutions, consents, usage).
+
+    ``replace``: the seed's providers take the place of those loaded before (the others are
+    retired) and its operator org code replaces the stored one.
+    """
     insts = read_institutions_file(files.institutions)
-    n_inst = await load_institutions(engine, insts, now=now)
+    n_inst = await load_institutions(engine, insts, now=now, retire_missing=replace,
+                                     change_operator=replace)
     n_cons = await load_consents(engine, files.consents, now=now)
-    n_usage = await load_usage(engine, files.usage)
+    n_usage = await load_usage(engine, files.usage, now=now)
     return n_inst, n_cons, n_usage
 
 

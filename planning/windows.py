@@ -87,7 +87,7 @@ def parse_window(text: str, *, step: int = STEP_MINUTES) -> Window:
         raise WindowError(f"window {text!r}: start 2400 is not a time of day")
     if start % step or end % step:
         raise WindowError(f"window {text!r}: times must be in {step}-minute steps")
-    if start == end % MINUTES_PER_DAY:
+    if start == end:  # "0000:2400" is the whole day; "0100:0100" is nothing
         raise WindowError(f"window {text!r}: start and end are equal")
     return Window(start, end)
 

@@ -55,6 +55,9 @@ def pg_url() -> Iterator[str]:
 
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
+    """A fresh, empty SQLite database (an empty file, as pg_url is an empty database:
+    commands that only read refuse a file that does not exist)."""
+    (tmp_path / "mydata.db").touch()
     return f"sqlite+aiosqlite:///{tmp_path / 'mydata.db'}"
 
 

@@ -12,20 +12,36 @@ from batch.cli import Settings, main, with_engine
 from batch.cli.options import clock_from_env
 from batch.config import load_institutions as read_institutions_file
 from batch.db.engine import init_db, redact
-from batch.db.loaders import load_consents, load_institutions, load_usage
+from batch.db.loaders import (
+    load_consents,
+    load_institutions,
+    load_usage,
+    missing_providers,
+    usage_history,
+)
+from planning.calendar import kst_date
+from planning.usage import MAX_HISTORY_DAYS, MIN_TREND_DAYS
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
+_IGNORE_EXTRA = click.option(
+    "--ignore-extra-columns", "ignore_extra", is_flag=True,
+    help="Skip header columns this file format does not have (default: refuse the file).")
 
 
 def _load(settings: Settings, what: str, file: Path,
-          loader: Callable[[AsyncEngine], Awaitable[int]]) -> None:
-    """Create the schema if needed, run ``loader`` (one transaction), say what it loaded."""
-    async def go(engine: AsyncEngine) -> int:
+          loader: Callable[[AsyncEngine], Awaitable[int]],
+          after: Callable[[AsyncEngine], Awaitable[list[str]]] | None = None) -> None:
+    """Create the schema if needed, run ``loader`` (one transaction), say what it loaded,
+    then print the warnings of ``after``."""
+    async def go(engine: AsyncEngine) -> tuple[int, list[str]]:
         await init_db(engine)
-        return await loader(engine)
+        n = await loader(engine)
+        return n, (await after(engine) if after is not None else [])
 
-    n = with_engine(settings, go)
+    n, warnings = with_engine(settings, go)
     click.echo(f"loaded {n} {what} from {file} into {redact(settings.db_url)}")
+    for line in warnings:
+        click.echo(f"warning: {line}", err=True)
 
 
 @main.group("load")
@@ -36,13 +52,21 @@ def load_group() -> None:
     Each file is checked in full first: any bad row prints one line naming the file, the
     line and the field, exits with code 2, and writes nothing. Loading again updates
     (upserts) what is there. The schema is created if the database is new.
+    Formats: docs/operator.md.
     """
 
 
 @load_group.command("institutions")
 @click.argument("file", type=_FILE)
+@click.option("--retire-missing", is_flag=True,
+              help="Retire the providers in the database that FILE no longer lists (never "
+                   "planned or called again; loading them again brings them back). "
+                   "Without it such a file is refused.")
+@click.option("--change-operator-org-code", "change_operator", is_flag=True,
+              help="Accept a new operator_org_code (it is in every transaction id).")
 @click.pass_obj
-def load_institutions_cmd(settings: Settings, file: Path) -> None:
+def load_institutions_cmd(settings: Settings, file: Path, retire_missing: bool,
+                          change_operator: bool) -> None:
     """Load providers (windows, limits) and the operator org code from FILE.toml.
 
     \b
@@ -54,36 +78,73 @@ def load_institutions_cmd(settings: Settings, file: Path) -> None:
     windows = ["0030:0530", "2200:2400"]   # KST, 30-minute steps, at most 3, >= 6 h
     calls_per_second = 50
     max_concurrency = 20
+    An unknown key at any level is refused with its line and the closest known key.
     """
     insts = read_institutions_file(file)
-    _load(settings, "institutions", file,
-          lambda engine: load_institutions(engine, insts, now=clock_from_env().now()))
+    retired: list[str] = []
+
+    async def load(engine: AsyncEngine) -> int:
+        if retire_missing:
+            retired.extend(await missing_providers(engine, insts))
+        return await load_institutions(engine, insts, now=clock_from_env().now(),
+                                       source=str(file), retire_missing=retire_missing,
+                                       change_operator=change_operator)
+
+    _load(settings, "institutions", file, load)
+    if retired:
+        click.echo(f"retired {len(retired)} provider(s): {', '.join(retired)} (never planned "
+                   "or called again; load them again to bring them back)")
 
 
 @load_group.command("consents")
 @click.argument("file", type=_FILE)
+@_IGNORE_EXTRA
 @click.pass_obj
-def load_consents_cmd(settings: Settings, file: Path) -> None:
+def load_consents_cmd(settings: Settings, file: Path, ignore_extra: bool) -> None:
     """Load consents from FILE.csv (load institutions first).
 
     \b
-    Header row: user_id,org_code,access_token,consented_at,last_scheduled_at
-    optionally followed by ,refresh_token. Timestamps are ISO 8601
-    (2026-11-29T09:00:00+09:00; no offset means KST); last_scheduled_at is empty for a
-    consent never fetched. Re-loading updates tokens; the weekly schedule never moves back.
+    Header row naming the columns, in any order:
+    user_id,org_code,access_token,consented_at,last_scheduled_at and optionally
+    refresh_token. Timestamps are ISO 8601 (2026-11-29T09:00:00+09:00; no offset means
+    KST); last_scheduled_at is empty for a consent never fetched. Re-loading updates
+    tokens; the weekly schedule never moves back; a revoked consent stays revoked unless
+    the row carries a newer consented_at.
     """
     _load(settings, "consents", file,
-          lambda engine: load_consents(engine, file, now=clock_from_env().now()))
+          lambda engine: load_consents(engine, file, now=clock_from_env().now(),
+                                       ignore_extra=ignore_extra))
 
 
 @load_group.command("usage")
 @click.argument("file", type=_FILE)
+@_IGNORE_EXTRA
 @click.pass_obj
-def load_usage_cmd(settings: Settings, file: Path) -> None:
+def load_usage_cmd(settings: Settings, file: Path, ignore_extra: bool) -> None:
     """Load daily user-initiated call counts from FILE.csv (load institutions first).
 
     \b
-    Header row: org_code,date,user_calls   e.g.  BANK000001,2026-11-28,182340
-    One row per provider per day; the planner learns each provider's load shape from it.
+    Header row: org_code,date,user_calls (any order)   e.g.  BANK000001,2026-11-28,182340
+    One row per provider per day gone by (a future date is refused); the planner learns
+    each provider's load shape from it and warns of a history too short to forecast.
     """
-    _load(settings, "usage rows", file, lambda engine: load_usage(engine, file))
+    now = clock_from_env().now()
+
+    async def warnings(engine: AsyncEngine) -> list[str]:
+        spans = await usage_history(engine, today=kst_date(now), days=MAX_HISTORY_DAYS)
+        return [history_warning(org, n, span) for org, (n, span) in spans.items()
+                if span < MIN_TREND_DAYS]
+
+    _load(settings, "usage rows", file,
+          lambda engine: load_usage(engine, file, now=now, ignore_extra=ignore_extra),
+          warnings)
+
+
+def history_warning(org: str, days: int, span: int) -> str:
+    """What the forecast falls back to for a provider with too little usage history."""
+    if days == 0:
+        return (f"{org} has no usage history in the last {MAX_HISTORY_DAYS} days: its "
+                "forecast is 0 user calls a day (no known user load)")
+    return (f"{org} has {days} day(s) of usage history over {span} day(s); the forecast "
+            f"needs {MIN_TREND_DAYS} days for a trend: it uses their level, no trend, and "
+            "the weekday shape pooled over all providers")

@@ -10,6 +10,7 @@ import click
 
 from batch.cli import Settings, main, with_engine
 from batch.cli.options import clock_from_env
+from batch.db.loaders import usage_days
 from batch.errors import ConfigError
 from batch.plan_report import to_csv, to_records, to_table
 from batch.planner import WeekPlan, build_week_plan, load_day_plan, save_plan, stale_reasons
@@ -58,15 +59,16 @@ def plan_cmd(settings: Settings, week_text: str | None, today_text: str | None, 
         # A what-if for another day: plan it as seen from its first minute.
         now = datetime.combine(today, time(0), tzinfo=KST)
 
-    async def go(engine: Any) -> tuple[WeekPlan, tuple[str, ...]]:
+    async def go(engine: Any) -> tuple[WeekPlan, tuple[str, ...],
+                                      frozenset[tuple[str, date]]]:
         plan = await build_week_plan(engine, week_of=week_of, today=today, now=now)
         saved = await load_day_plan(engine, day=today)
         stale = (await stale_reasons(engine, saved, plan.limits, now=now)) if saved else ()
         if save:
             await save_plan(engine, plan)
-        return plan, stale
+        return plan, stale, await usage_days(engine, plan.week[0], plan.week[-1])
 
-    plan, stale = with_engine(settings, go)
+    plan, stale, actual = with_engine(settings, go)
     if stale:
         # the saved plan `run` would find: say it is stale, and what happens to it
         fate = "replaced by this one" if save else "`run` re-makes it (or `plan --save`)"
@@ -77,7 +79,7 @@ def plan_cmd(settings: Settings, week_text: str | None, today_text: str | None, 
     elif fmt == "csv":
         click.echo(to_csv(plan), nl=False)
     else:
-        click.echo(to_table(plan, saved=save))
+        click.echo(to_table(plan, saved=save, actual=actual))
     if plan.unplaceable():
         click.echo(f"mydata-batch: warning: {sum(plan.unplaceable().values()):,} consents "
                    "cannot be placed this week", err=True)

@@ -13,16 +13,24 @@ from batch.cli.options import clock_from_env
               help="Only this provider's dead letters.")
 @click.option("--id", "ids", type=int, multiple=True, help="Only these dead-letter ids.")
 @click.option("--all", "all_", is_flag=True, help="Every open dead letter.")
-@click.option("--list", "list_only", is_flag=True, help="List open dead letters; change nothing.")
+@click.option("--list", "list_only", is_flag=True,
+              help="List open dead letters (of --org if given); change nothing.")
 @click.pass_obj
 def requeue_cmd(settings: Settings, org_code: str | None, ids: tuple[int, ...], all_: bool,
                 list_only: bool) -> None:
     """Requeue dead-lettered consents: due again this week, attempts reset.
 
-    Choose what with --org, --id or --all (one of them is required unless --list).
+    Choose what with --org, --id (repeatable) or --all; --list only shows them. A consent
+    fetched this week since, or leased by a running worker, is not requeued: one line
+    says so per dead letter. An --org or --id that names nothing is an error (exit 2).
     """
     from batch.db.deadletters import list_open, requeue
 
+    if list_only and (ids or all_):
+        raise click.UsageError("--list shows dead letters; it does not take --id or --all")
+    if all_ and (org_code or ids):
+        raise click.UsageError("--all means every open dead letter; drop --org/--id, or "
+                               "drop --all")
     clock = clock_from_env()
     if list_only:
         rows = with_engine(settings, lambda e: list_open(e, org_code=org_code))
@@ -35,6 +43,13 @@ def requeue_cmd(settings: Settings, org_code: str | None, ids: tuple[int, ...], 
         return
     if not (org_code or ids or all_):
         raise click.UsageError("say which: --org ORG_CODE, --id N or --all (or --list)")
-    n = with_engine(settings, lambda e: requeue(e, now=clock.now(), org_code=org_code,
-                                                ids=ids))
-    click.echo(f"requeued {n} consent(s)")
+    res = with_engine(settings, lambda e: requeue(e, now=clock.now(), org_code=org_code,
+                                                  ids=ids))
+    for line in res.refused:
+        click.echo(f"refused: {line}", err=True)
+    if not res.requeued and not res.refused:
+        click.echo("no open dead letters" + (f" of {org_code}" if org_code else "")
+                   + "; nothing requeued")
+        return
+    click.echo(f"requeued {res.requeued} consent(s)"
+               + (f", refused {len(res.refused)}" if res.refused else ""))

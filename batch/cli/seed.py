@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from batch.cli import Settings, main, with_engine
 from batch.cli.options import clock_from_env
 from batch.db.engine import init_db, redact
+from batch.db.loaders import count_consents
 from batch.errors import ConfigError, InputError
 from batch.seed import SeedParams, SeedResult, load_seed, load_time, write_seed
 
@@ -49,16 +50,20 @@ def _summary(result: SeedResult, counts: tuple[int, int, int], seconds: float,
 @click.option("--out", "out_dir", default="seed-out", show_default=True,
               type=click.Path(file_okay=False, path_type=Path),
               help="Directory for institutions.toml, consents.csv and usage.csv.")
+@click.option("--force", is_flag=True,
+              help="Write into a database that already holds consents (they are kept; the "
+                   "seed's providers replace the others, which are retired).")
 @click.pass_obj
 def seed_cmd(settings: Settings, providers: int, consents: int, weeks: int, seed: int,
-             today: datetime | None, base_port: int, out_dir: Path) -> None:
+             today: datetime | None, base_port: int, out_dir: Path, force: bool) -> None:
     """Write a synthetic population to --out and load it into the database.
 
     \b
     Providers of several industries with realistic windows and limits; consents mostly
     due this week (some new, a small backlog, some already done this week); daily user
     calls with weekday, payday (21st-25th) and month-end effects. The files go through
-    the same checks as `load`, so they double as examples of the formats.
+    the same checks as `load`, so they double as examples of the formats. A database that
+    already holds consents is refused unless --force.
     """
     clock = clock_from_env()
     day = today.date() if today is not None else clock.now().date()
@@ -76,7 +81,13 @@ def seed_cmd(settings: Settings, providers: int, consents: int, weeks: int, seed
 
     async def go(engine: AsyncEngine) -> tuple[int, int, int]:
         await init_db(engine)
-        return await load_seed(engine, result.files, now=load_time(day, clock.now()))
+        held = await count_consents(engine)
+        if held and not force:
+            raise InputError(f"the database {redact(settings.db_url)} already holds {held} "
+                             "consents; seed a new database (--db), or pass --force to add "
+                             "the synthetic population to them")
+        return await load_seed(engine, result.files, now=load_time(day, clock.now()),
+                               replace=force)
 
     counts = with_engine(settings, go)
     click.echo(_summary(result, counts, time.perf_counter() - started, redact(settings.db_url)))

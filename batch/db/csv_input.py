@@ -1,4 +1,4 @@
-"""CSV input files: open, check the header row, stream rows with their line numbers.
+"""CSV input files: open, read the header row, stream rows with their line numbers.
 
 Every problem becomes one :class:`InputError` naming the file, the line and the field, so
 a user can fix the file from the message alone. Values of secret columns are never echoed.
@@ -7,7 +7,8 @@ a user can fix the file from the message alone. Values of secret columns are nev
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterator, Sequence
+import operator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import date
 from pathlib import Path
 from types import TracebackType
@@ -18,19 +19,25 @@ TIMESTAMP_EXAMPLE = "2026-11-29T09:00:00+09:00"
 
 
 class CsvInput:
-    """One CSV file whose header must be exactly ``required`` plus a prefix of ``optional``.
+    """One CSV file read by its header: the ``required`` columns and any of ``optional``, in
+    any order. A column of neither kind is an error unless ``ignore_extra`` (then skipped).
 
-    Use as a context manager; iterate :meth:`rows` for ``(line, fields)`` pairs. Blank lines
-    are skipped; a row with a wrong number of fields is an error naming the missing field.
+    Use as a context manager; iterate :meth:`rows` for ``(line, fields)`` pairs, the fields
+    in the order of :attr:`columns` (``required``, then the ``optional`` ones present). Blank
+    lines are skipped; a row with a wrong number of fields is an error naming the field.
     """
 
     def __init__(self, path: str | Path, required: Sequence[str],
-                 optional: Sequence[str] = ()) -> None:
+                 optional: Sequence[str] = (), *, ignore_extra: bool = False) -> None:
         self.path = Path(path)
         self.name = str(path)
         self.required = tuple(required)
         self.optional = tuple(optional)
+        self.ignore_extra = ignore_extra
+        #: the columns rows are given in; ``_file_columns``: the header as written
         self.columns: tuple[str, ...] = ()
+        self._file_columns: tuple[str, ...] = ()
+        self._pick: Callable[[list[str]], list[str]] | None = None
         try:
             self._file = open(self.path, encoding="utf-8-sig", newline="")  # noqa: SIM115
         except FileNotFoundError:
@@ -55,6 +62,7 @@ class CsvInput:
 
     @property
     def width(self) -> int:
+        """How many fields each row of :meth:`rows` has."""
         return len(self.columns)
 
     def error(self, line: int | None, field: str | None, message: str) -> InputError:
@@ -63,8 +71,8 @@ class CsvInput:
     def _expected(self) -> str:
         text = ",".join(self.required)
         if self.optional:
-            text += f" (optionally followed by ,{','.join(self.optional)})"
-        return text
+            text += f" (optionally ,{','.join(self.optional)})"
+        return text + ", in any order"
 
     def _read_header(self) -> None:
         header = self._next_row()
@@ -75,19 +83,33 @@ class CsvInput:
                                          f"{self._expected()}")
         names = [h.strip() for h in header]
         line = self._reader.line_num
-        allowed = self.required + self.optional
-        for i, want in enumerate(self.required):
-            got = names[i] if i < len(names) else None
-            if got != want:
-                found = "is missing" if got is None else f"is {got!r}"
-                raise self.error(line, want, f"header column {i + 1} {found}; the header row "
-                                             f"must be {self._expected()}")
-        for i in range(len(self.required), len(names)):
-            if i >= len(allowed) or names[i] != allowed[i]:
-                raise self.error(line, names[i] or f"column {i + 1}",
-                                 f"unexpected header column {i + 1}; the header row must be "
-                                 f"{self._expected()}")
-        self.columns = tuple(names)
+        position: dict[str, int] = {}
+        for i, name in enumerate(names):
+            if name in position:
+                raise self.error(line, name, f"header column {i + 1} repeats column "
+                                             f"{position[name] + 1}")
+            position[name] = i
+        for want in self.required:
+            if want not in position:
+                raise self.error(line, want, f"header column {want!r} is missing; the header "
+                                             f"row must name {self._expected()}")
+        known = self.required + self.optional
+        extra = [(i, n) for i, n in enumerate(names) if n not in known]
+        if extra and not self.ignore_extra:
+            i, name = extra[0]
+            raise self.error(line, name or f"column {i + 1}",
+                             f"unexpected header column {i + 1}; the columns are "
+                             f"{self._expected()} (or pass --ignore-extra-columns to skip "
+                             f"the others)")
+        self.columns = self.required + tuple(n for n in self.optional if n in position)
+        self._file_columns = tuple(names)
+        order = [position[c] for c in self.columns]
+        if order != list(range(len(names))):
+            getter = operator.itemgetter(*order)
+            if len(order) == 1:
+                self._pick = lambda row: [getter(row)]
+            else:
+                self._pick = lambda row: list(getter(row))
 
     def _next_row(self) -> list[str] | None:
         try:
@@ -114,9 +136,11 @@ class CsvInput:
         return self.error(None, None, f"is not UTF-8 text ({exc.reason}); save it as UTF-8")
 
     def rows(self) -> Iterator[tuple[int, list[str]]]:
-        """``(line, fields)`` for every non-blank row after the header, width checked."""
-        width = self.width
+        """``(line, fields)`` for every non-blank row after the header, width checked,
+        fields in the order of :attr:`columns`."""
+        width = len(self._file_columns)
         reader = self._reader
+        pick = self._pick
         while True:
             try:
                 for row in reader:
@@ -124,7 +148,7 @@ class CsvInput:
                         if not row:
                             continue
                         raise self._width_error(reader.line_num, row)
-                    yield reader.line_num, row
+                    yield reader.line_num, (row if pick is None else pick(row))
                 return
             except UnicodeDecodeError as exc:
                 raise self._not_utf8(exc) from None
@@ -132,13 +156,14 @@ class CsvInput:
                 raise self.error(reader.line_num, None, f"not valid CSV: {exc}") from None
 
     def _width_error(self, line: int, row: list[str]) -> InputError:
-        if len(row) < self.width:
-            return self.error(line, self.columns[len(row)],
+        width = len(self._file_columns)
+        if len(row) < width:
+            return self.error(line, self._file_columns[len(row)],
                               f"is missing (the row has {len(row)} fields, the header "
-                              f"{self.width})")
-        return self.error(line, f"column {self.width + 1}",
+                              f"{width})")
+        return self.error(line, f"column {width + 1}",
                           f"unexpected extra field (the row has {len(row)} fields, the header "
-                          f"{self.width}); quote values that contain commas")
+                          f"{width}); quote values that contain commas")
 
 
 def bad_timestamp(text: str) -> str:

@@ -87,6 +87,80 @@ def _describe(exc: BaseException) -> str:
     return re.sub(r"\s+", " ", lines[0]) if lines else type(orig).__name__
 
 
+#: What a command may do with an SQLite file that is not there yet.
+MAY_CREATE = "create"
+MUST_EXIST = "exist"
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of an SQLite URL (None for PostgreSQL and in-memory SQLite)."""
+    try:
+        parsed = make_url(normalise_url(url))
+    except ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def check_sqlite_target(url: str, mode: str) -> None:
+    """Refuse an SQLite URL that would silently create a stray empty file: a directory that
+    does not exist (always), or a file that does not exist when ``mode`` is MUST_EXIST."""
+    path = sqlite_path(url)
+    if path is None:
+        return
+    if not path.parent.is_dir():
+        raise DatabaseError(
+            f"database {redact(url)}: directory {str(path.parent)!r} does not exist; "
+            "check the --db URL (or MYDATA_DB_URL) or create the directory")
+    if mode == MUST_EXIST and not path.exists():
+        raise DatabaseError(
+            f"database {redact(url)}: file {str(path)!r} does not exist; check the --db URL "
+            "(or MYDATA_DB_URL), or create it: mydata-batch db init")
+
+
+def _pg_target(url: str) -> tuple[str, str, str, str]:
+    parsed = make_url(normalise_url(url))
+    return (parsed.host or "localhost", str(parsed.port or 5432), parsed.username or "postgres",
+            parsed.database or "postgres")
+
+
+def database_error(exc: BaseException, url: str) -> DatabaseError:
+    """One line for a database failure: what is wrong and what to run next."""
+    where = f"database {redact(url)}"
+    text_ = _describe(exc)
+    orig = getattr(exc, "orig", None)
+    sqlstate = getattr(orig, "sqlstate", None) or getattr(exc, "sqlstate", None)
+    is_pg = backend(url) == "postgresql"
+    if sqlstate == "42P01" or "no such table" in text_:
+        return DatabaseError(f"{where} has no mydata-batch schema ({text_}); "
+                             "create it: mydata-batch db init")
+    if "no such column" in text_ or sqlstate == "42703":
+        return DatabaseError(f"{where} has an older schema ({text_}); "
+                             "upgrade it: mydata-batch db init")
+    if is_pg:
+        host, port, user, db = _pg_target(url)
+        if sqlstate == "3D000":
+            return DatabaseError(f"{where}: {text_}; create it: createdb -h {host} -p {port} "
+                                 f"-U {user} {db}, then: mydata-batch db init")
+        if sqlstate == "28000" and "role" in text_:
+            return DatabaseError(f"{where}: {text_}; create it: createuser -h {host} -p {port} "
+                                 f"{user} (or put an existing user in the --db URL)")
+        if sqlstate == "28P01":
+            return DatabaseError(f"{where}: {text_}; check the user and password in the "
+                                 "--db URL (or MYDATA_DB_URL)")
+        if sqlstate == "42501":
+            return DatabaseError(f"{where}: {text_}; grant the user access to the schema")
+        if isinstance(exc, OSError):
+            return DatabaseError(f"{where}: cannot reach the server at {host}:{port} "
+                                 f"({text_}); is PostgreSQL running? (pg_isready -h {host} "
+                                 f"-p {port})")
+    elif "unable to open database file" in text_:
+        return DatabaseError(f"{where}: {text_}; check the path in the --db URL and that "
+                             "its directory exists and is writable")
+    return DatabaseError(f"{where}: {text_}")
+
+
 @asynccontextmanager
 async def connect(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     """A connection with unreachable-database errors turned into one clear DatabaseError."""
@@ -94,9 +168,7 @@ async def connect(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
         async with engine.connect() as conn:
             yield conn
     except (OperationalError, DBAPIError, OSError) as exc:
-        raise DatabaseError(
-            f"database {redact(str(engine.url))}: {_describe(exc)}"
-        ) from None
+        raise database_error(exc, str(engine.url)) from None
 
 
 @asynccontextmanager
@@ -105,10 +177,8 @@ async def transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     try:
         async with engine.begin() as conn:
             yield conn
-    except (OperationalError, OSError) as exc:
-        raise DatabaseError(
-            f"database {redact(str(engine.url))}: {_describe(exc)}"
-        ) from None
+    except (OperationalError, DBAPIError, OSError) as exc:
+        raise database_error(exc, str(engine.url)) from None
 
 
 def _sql_files() -> list[Path]:

@@ -16,7 +16,7 @@ from datetime import date, datetime, time, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import bindparam, select, text
+from sqlalchemy import bindparam, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -32,10 +32,10 @@ from batch.db.csv_input import (
 )
 from batch.db.engine import connect, transaction
 from batch.db.marks import mark_loaded
-from batch.db.schema import UTCDateTime, institutions, settings, usage_daily
+from batch.db.schema import UTCDateTime, consents, institutions, settings, usage_daily
 from batch.errors import ConfigError
 from planning.calendar import week_start
-from planning.windows import WindowError, parse_windows
+from planning.windows import Window, WindowError, parse_windows
 
 CONSENT_COLUMNS = ("user_id", "org_code", "access_token", "consented_at", "last_scheduled_at")
 CONSENT_OPTIONAL = ("refresh_token",)
@@ -65,6 +65,12 @@ def _upsert(conn: AsyncConnection, table: Any, keys: Sequence[str],
         index_elements=list(keys), set_={c: ins.excluded[c] for c in update})
 
 
+async def count_consents(engine: AsyncEngine) -> int:
+    """How many consents the database holds (any status)."""
+    async with connect(engine) as conn:
+        return int((await conn.execute(select(func.count()).select_from(consents))).scalar_one())
+
+
 async def _org_codes(conn: AsyncConnection) -> frozenset[str]:
     rows = await conn.execute(select(institutions.c.org_code))
     return frozenset(r[0].strip() for r in rows)
@@ -79,56 +85,119 @@ def _options(p: Provider) -> str:
     return json.dumps(opts, sort_keys=True, default=str)
 
 
-async def load_institutions(engine: AsyncEngine, insts: Institutions, *, now: datetime) -> int:
+async def _stored_operator(conn: AsyncConnection) -> str | None:
+    value = (await conn.execute(
+        select(settings.c.value).where(settings.c.key == OPERATOR_KEY))).scalar()
+    return None if value is None else str(value)
+
+
+async def _active_codes(conn: AsyncConnection) -> list[str]:
+    rows = await conn.execute(select(institutions.c.org_code).where(
+        institutions.c.retired_at.is_(None)).order_by(institutions.c.org_code))
+    return [str(r[0]).strip() for r in rows]
+
+
+async def missing_providers(engine: AsyncEngine, insts: Institutions) -> list[str]:
+    """Active providers in the database that ``insts`` no longer lists."""
+    listed = {p.org_code for p in insts.providers}
+    async with connect(engine) as conn:
+        return [c for c in await _active_codes(conn) if c not in listed]
+
+
+async def load_institutions(engine: AsyncEngine, insts: Institutions, *, now: datetime,
+                            source: str | None = None, retire_missing: bool = False,
+                            change_operator: bool = False) -> int:
     """Upsert every provider and the operator's org code in one transaction.
 
-    Providers missing from ``insts`` are kept: consents and history still reference them.
+    A provider in the database that ``insts`` no longer lists is refused (it would go on
+    being called) unless ``retire_missing``: then it is retired, never planned or run
+    again, its consents and history kept. Listing a retired provider again brings it back.
+    A changed operator org code (it is in every transaction id) needs ``change_operator``.
     """
     _require_aware(now)
     rows = [
         {"org_code": p.org_code, "industry": p.industry, "base_url": p.base_url,
          "windows": json.dumps(p.window_strings), "calls_per_second": p.calls_per_second,
-         "max_concurrency": p.max_concurrency, "options": _options(p), "updated_at": now}
+         "max_concurrency": p.max_concurrency, "options": _options(p), "updated_at": now,
+         "retired_at": None}
         for p in insts.providers
     ]
+    listed = [p.org_code for p in insts.providers]
     async with transaction(engine) as conn:
+        old_op = await _stored_operator(conn)
+        if old_op is not None and old_op != insts.operator_org_code and not change_operator:
+            raise ConfigError(
+                f"changes the operator org code from {old_op} to {insts.operator_org_code}, "
+                "which changes every transaction id; if that is meant, load again with "
+                "--change-operator-org-code", file=source, field=OPERATOR_KEY)
+        missing = [c for c in await _active_codes(conn) if c not in listed]
+        if missing and not retire_missing:
+            raise ConfigError(
+                f"no longer lists provider(s) {', '.join(missing)}, which the database "
+                "would go on calling; add them back, or load with --retire-missing to "
+                "retire them (never planned or called again)", file=source)
         await conn.execute(
             _upsert(conn, institutions, ["org_code"],
                     ["industry", "base_url", "windows", "calls_per_second", "max_concurrency",
-                     "options", "updated_at"]),
+                     "options", "updated_at", "retired_at"]),
             rows,
         )
+        if missing:
+            await conn.execute(update(institutions).where(
+                institutions.c.org_code.in_(missing)).values(retired_at=now, updated_at=now))
         await conn.execute(_upsert(conn, settings, ["key"], ["value"]),
                            [{"key": OPERATOR_KEY, "value": insts.operator_org_code}])
         await mark_loaded(conn, "institutions", now)  # a plan made before is stale
     return len(rows)
 
 
-async def read_institutions(engine: AsyncEngine) -> Institutions:
-    """The Institutions object as last loaded; ConfigError if none were loaded yet."""
-    async with connect(engine) as conn:
-        op = (await conn.execute(
-            select(settings.c.value).where(settings.c.key == OPERATOR_KEY))).scalar()
-        rows = (await conn.execute(
-            select(institutions).order_by(institutions.c.org_code))).mappings().all()
-    if op is None or not rows:
-        raise ConfigError("no institutions in the database; run "
-                          "'mydata-batch load institutions FILE.toml' first")
+def _stored_windows(code: str, text: str) -> tuple[Window, ...]:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError:  # files from before windows were stored as JSON
+        raw = [w.strip() for w in text.split(",") if w.strip()]
+    try:
+        # Checked in full at load; the reader only needs them to be windows.
+        return parse_windows(raw if isinstance(raw, list) else [raw], min_total_minutes=0)
+    except WindowError as exc:
+        raise ConfigError(f"institution {code}: {exc}; load the institutions file again",
+                          field="windows") from None
+
+
+async def read_providers(conn: AsyncConnection) -> list[Provider]:
+    """The active (not retired) providers as last loaded, by org code: the one reader of
+    the ``institutions`` table (the run, the planner)."""
+    rows = (await conn.execute(
+        select(institutions).where(institutions.c.retired_at.is_(None))
+        .order_by(institutions.c.org_code))).mappings().all()
     providers = []
     for r in rows:
         code = r["org_code"].strip()
-        opts = json.loads(r["options"] or "{}")
-        tuning = {k: opts.pop(k) for k in _TUNING if k in opts}
         try:
-            windows = parse_windows(json.loads(r["windows"]))
+            opts = json.loads(r["options"] or "{}")
+            if not isinstance(opts, dict):
+                raise TypeError("options are not a JSON object")
+            tuning = {k: opts.pop(k) for k in _TUNING if k in opts}
             providers.append(Provider(
                 org_code=code, industry=r["industry"], base_url=r["base_url"],
-                windows=windows, calls_per_second=float(r["calls_per_second"]),
+                windows=_stored_windows(code, r["windows"]),
+                calls_per_second=float(r["calls_per_second"]),
                 max_concurrency=int(r["max_concurrency"]), extra=opts, **tuning,
             ))
-        except (ValueError, WindowError, TypeError) as exc:
+        except (ValueError, TypeError) as exc:
             raise ConfigError(f"stored provider {code} is invalid: {exc}; "
                               "load the institutions file again") from None
+    return providers
+
+
+async def read_institutions(engine: AsyncEngine) -> Institutions:
+    """The Institutions object as last loaded; ConfigError if none were loaded yet."""
+    async with connect(engine) as conn:
+        op = await _stored_operator(conn)
+        providers = await read_providers(conn)
+    if op is None or not providers:
+        raise ConfigError("no institutions in the database; run "
+                          "'mydata-batch load institutions FILE.toml' first")
     return Institutions(operator_org_code=op, providers=tuple(providers))
 
 
@@ -160,8 +229,13 @@ SELECT user_id, org_code, access_token, refresh_token, {consented_at}, {last_sch
        'active', due_week, {not_before}, 0, 0, :now
 FROM consents_stage WHERE true
 ON CONFLICT (user_id, org_code) DO UPDATE SET
-    access_token = excluded.access_token,
-    refresh_token = COALESCE(excluded.refresh_token, consents.refresh_token),
+    access_token = CASE WHEN consents.status = 'revoked'
+                         AND excluded.consented_at <= consents.consented_at
+                        THEN consents.access_token ELSE excluded.access_token END,
+    refresh_token = CASE WHEN consents.status = 'revoked'
+                          AND excluded.consented_at <= consents.consented_at
+                         THEN consents.refresh_token
+                         ELSE COALESCE(excluded.refresh_token, consents.refresh_token) END,
     status = CASE WHEN excluded.consented_at > consents.consented_at THEN 'active'
                   ELSE consents.status END,
     consented_at = excluded.consented_at,
@@ -310,13 +384,14 @@ async def _refuse_duplicates(conn: AsyncConnection, src: CsvInput) -> None:
                                           f"{org.strip()} (first on line {first})")
 
 
-async def load_consents(engine: AsyncEngine, path: str | Path, *, now: datetime) -> int:
+async def load_consents(engine: AsyncEngine, path: str | Path, *, now: datetime,
+                        ignore_extra: bool = False) -> int:
     """Validate a consents CSV and upsert it on (user_id, org_code); returns the row count.
 
     Re-loading updates tokens and consent times; the weekly schedule only moves forward.
     """
     _require_aware(now)
-    with CsvInput(path, CONSENT_COLUMNS, CONSENT_OPTIONAL) as src:
+    with CsvInput(path, CONSENT_COLUMNS, CONSENT_OPTIONAL, ignore_extra=ignore_extra) as src:
         async with transaction(engine) as conn:
             known = await _org_codes(conn)
             sqlite_db = conn.dialect.name == "sqlite"
@@ -347,9 +422,16 @@ async def load_consents(engine: AsyncEngine, path: str | Path, *, now: datetime)
 
 # --- usage history -------------------------------------------------------------------------
 
-async def load_usage(engine: AsyncEngine, path: str | Path) -> int:
-    """Validate a usage CSV (org_code,date,user_calls) and upsert it on (org_code, date)."""
-    with CsvInput(path, USAGE_COLUMNS) as src:
+async def load_usage(engine: AsyncEngine, path: str | Path, *, now: datetime,
+                     ignore_extra: bool = False) -> int:
+    """Validate a usage CSV (org_code,date,user_calls) and upsert it on (org_code, date).
+
+    A row dated after ``now``'s KST date is refused: it is a typo or a clock gone wrong,
+    and the planner would read it as what actually happened.
+    """
+    _require_aware(now)
+    today = now.astimezone(KST).date()
+    with CsvInput(path, USAGE_COLUMNS, ignore_extra=ignore_extra) as src:
         async with transaction(engine) as conn:
             known = await _org_codes(conn)
             seen: dict[tuple[str, date], int] = {}
@@ -365,6 +447,9 @@ async def load_usage(engine: AsyncEngine, path: str | Path) -> int:
                 except ValueError:
                     raise src.error(line, "date", f"{day_raw!r} is not a date like "
                                                   f"2026-11-29") from None
+                if day > today:
+                    raise src.error(line, "date", f"{day} is in the future (today is {today} "
+                                                  "KST); usage rows record days gone by")
                 try:
                     calls = parse_count(calls_raw)
                 except ValueError:
@@ -381,11 +466,44 @@ async def load_usage(engine: AsyncEngine, path: str | Path) -> int:
     return len(rows)
 
 
+async def usage_history(engine: AsyncEngine, *, today: date, days: int
+                        ) -> dict[str, tuple[int, int]]:
+    """Per active provider: (days with a usage row, days from the first row to the last)
+    among the ``days`` days before ``today``; (0, 0) for a provider with none."""
+    ud = usage_daily.c
+    async with connect(engine) as conn:
+        codes = await _active_codes(conn)
+        rows = (await conn.execute(
+            select(ud.org_code, func.count(), func.min(ud.day), func.max(ud.day))
+            .where(ud.day < today, ud.day >= today - timedelta(days=days))
+            .group_by(ud.org_code))).all()
+    found = {str(r[0]).strip(): (int(r[1]), (_as_date(r[3]) - _as_date(r[2])).days + 1)
+             for r in rows}
+    return {c: found.get(c, (0, 0)) for c in codes}
+
+
+async def usage_days(engine: AsyncEngine, first: date, last: date
+                     ) -> frozenset[tuple[str, date]]:
+    """The (provider, day) pairs from ``first`` to ``last`` that have a usage row: the days
+    whose user calls are actual, not forecast."""
+    ud = usage_daily.c
+    async with connect(engine) as conn:
+        rows = await conn.execute(select(ud.org_code, ud.day).where(ud.day.between(first,
+                                                                                    last)))
+        return frozenset((str(r[0]).strip(), _as_date(r[1])) for r in rows)
+
+
+def _as_date(value: Any) -> date:
+    return value if isinstance(value, date) else date.fromisoformat(str(value))
+
+
 __all__ = [
     "CONSENT_COLUMNS",
     "USAGE_COLUMNS",
     "load_consents",
     "load_institutions",
     "load_usage",
+    "missing_providers",
     "read_institutions",
+    "read_providers",
 ]

@@ -84,6 +84,8 @@ institutions = Table(
     Column("max_concurrency", Integer, nullable=False),
     Column("options", Text, nullable=False, server_default="{}"),
     Column("updated_at", UTCDateTime, nullable=False),
+    # set by `load institutions --retire-missing`: never planned or run while set
+    Column("retired_at", UTCDateTime),
     CheckConstraint("calls_per_second > 0"),
     CheckConstraint("max_concurrency > 0"),
 )

@@ -90,7 +90,8 @@ async def test_reloading_institutions_updates_limits_and_operator(engine: AsyncE
     await _with_institutions(engine)
     changed = TOML.replace("OPERATOR01", "OPERATOR02").replace("calls_per_second = 50",
                                                                "calls_per_second = 75")
-    await load_institutions(engine, parse_institutions(changed), now=NOW)
+    await load_institutions(engine, parse_institutions(changed), now=NOW,
+                            change_operator=True)
 
     back = await read_institutions(engine)
     assert back.operator_org_code == "OPERATOR02"
@@ -302,8 +303,8 @@ USAGE = "org_code,date,user_calls\nBANK000001,2026-11-01,1200\nCARD000002,2026-1
 
 async def test_usage_loads_and_reloading_upserts(engine: AsyncEngine, tmp_path: Path) -> None:
     await _with_institutions(engine)
-    assert await load_usage(engine, _write(tmp_path, "u.csv", USAGE)) == 2
-    await load_usage(engine, _write(tmp_path, "u2.csv", USAGE.replace("1200", "1300")))
+    assert await load_usage(engine, _write(tmp_path, "u.csv", USAGE), now=NOW) == 2
+    await load_usage(engine, _write(tmp_path, "u2.csv", USAGE.replace("1200", "1300")), now=NOW)
 
     async with engine.connect() as conn:
         rows = (await conn.execute(select(usage_daily.c.org_code, usage_daily.c.day,
@@ -327,7 +328,7 @@ async def test_bad_usage_rows_name_file_line_field_and_write_nothing(
     path = _write(tmp_path, "u.csv", USAGE + row + "\n")
 
     with pytest.raises(InputError) as err:
-        await load_usage(engine, path)
+        await load_usage(engine, path, now=NOW)
 
     assert str(err.value).startswith(f"{path}:4: field '{field}': ")
     assert words in str(err.value)
@@ -338,8 +339,9 @@ async def test_wrong_usage_header_is_refused(engine: AsyncEngine, tmp_path: Path
     await _with_institutions(engine)
     path = _write(tmp_path, "u.csv", "org,date,calls\nBANK000001,2026-11-01,1\n")
     with pytest.raises(InputError) as err:
-        await load_usage(engine, path)
-    assert str(err.value).startswith(f"{path}:1: field 'org_code': header column 1 is 'org'")
+        await load_usage(engine, path, now=NOW)
+    assert str(err.value).startswith(f"{path}:1: field 'org_code': header column 'org_code' "
+                                     "is missing")
     assert await _counts(engine) == (2, 1, 0, 0)
 
 

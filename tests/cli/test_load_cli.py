@@ -10,26 +10,8 @@ from sqlalchemy import func, select
 from batch.cli import main
 from batch.db.engine import make_engine
 from batch.db.schema import consents, institutions, usage_daily
+from tests.cli.console import TOML
 
-TOML = """\
-operator_org_code = "OPERATOR01"
-
-[[providers]]
-org_code = "BANK000001"
-industry = "bank"
-base_url = "http://127.0.0.1:9001"
-windows = ["0030:0530", "2200:2400"]
-calls_per_second = 50
-max_concurrency = 20
-
-[[providers]]
-org_code = "CARD000002"
-industry = "card"
-base_url = "http://127.0.0.1:9002"
-windows = ["0000:0600"]
-calls_per_second = 100
-max_concurrency = 30
-"""
 CONSENTS = ("user_id,org_code,access_token,consented_at,last_scheduled_at\n"
             "u1,BANK000001,tok1,2026-01-01T00:00:00+09:00,2026-02-01T00:00:00+09:00\n"
             "u2,CARD000002,tok2,2026-01-01T00:00:00+09:00,\n")

@@ -24,6 +24,7 @@ from tests.integration.helpers import free_ports, institutions_toml, make_instit
 ])
 def test_bad_run_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str],
                                                message: str) -> None:
+    (tmp_path / "m.db").touch()  # an existing (empty) file: `run` refuses a missing one
     res = CliRunner().invoke(main, ["--db", str(tmp_path / "m.db"), *args])
     assert res.exit_code == 2, res.output
     assert message in res.output

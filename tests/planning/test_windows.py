@@ -65,11 +65,16 @@ def test_overlapping_windows_are_merged_and_counted_once_even_across_midnight() 
     ("2400:0100", "start 2400"),
     ("0015:0530", "30-minute steps"),
     ("0100:0100", "equal"),
-    ("0000:2400", "equal"),
 ])
 def test_bad_window_strings_say_what_is_wrong(text: str, match: str) -> None:
     with pytest.raises(WindowError, match=match):
         parse_window(text)
+
+
+def test_0000_2400_is_the_whole_day_not_equal_ends() -> None:
+    w = parse_window("0000:2400")
+    assert (w.start, w.end, w.length, w.crosses_midnight) == (0, 1440, 1440, False)
+    assert len(w.minutes()) == 1440
 
 
 def test_override_windows_may_use_any_minute() -> None:
