@@ -1,0 +1,13 @@
+-- The consent lifecycle (batch/lifecycle.py): per-week counters, the start mark of a claim,
+-- and dead assets found on detail calls (never called again on schedule).
+ALTER TABLE consents ADD COLUMN IF NOT EXISTS counters_week DATE;
+ALTER TABLE consents ADD COLUMN IF NOT EXISTS started_at TIMESTAMPTZ;
+
+CREATE TABLE IF NOT EXISTS dead_assets (
+    consent_id BIGINT NOT NULL REFERENCES consents (id),
+    item_id    TEXT NOT NULL,
+    since      TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (consent_id, item_id)
+);
+
+INSERT INTO schema_migrations (version) VALUES (3) ON CONFLICT DO NOTHING;
