@@ -149,12 +149,13 @@ async def test_outcomes_survive_a_database_outage_during_the_run() -> None:
 
 async def test_a_claim_lost_twice_to_unknown_outcomes_is_dead_lettered_not_called() -> None:
     clock, store, d, writer, starts = _setup(3, {60: 3})
-    store.consents[1].unknown_attempts = 1
-    store.consents[1].lease_owner = "crashed-worker"
-    store.consents[1].lease_until = clock.now() - timedelta(seconds=1)
+    lost = store.consents[1]
+    lost.unknown_attempts, lost.counters_week = 1, WEEK
+    lost.lease_owner, lost.started_at = "crashed-worker", clock.now() - timedelta(minutes=11)
+    lost.lease_until = clock.now() - timedelta(seconds=1)
     await _run(clock, d, writer, 130)
     assert 1 not in {cid for _, cid in starts}
-    assert [r.consent_id for r in store.dead_letters] == [1]
+    assert [r["consent_id"] for r in store.dead_letters] == [1]
 
 
 async def test_no_refresh_starts_in_the_windows_last_seconds_and_calls_stop_at_its_end() -> None:
