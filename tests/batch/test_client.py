@@ -158,7 +158,7 @@ async def test_no_call_starts_once_the_window_has_closed() -> None:
 
 
 async def test_a_list_failing_after_page_1_resumes_at_its_cursor_never_at_page_1() -> None:
-    handler, seen = fleet(items=5, fail_page=frozenset({"2"}))
+    handler, _ = fleet(items=5, fail_page=frozenset({"2"}))
     c, http = client(handler, page_limit=2)
     res = await c.refresh(access_token="t", refresh_token=None)
     assert res.outcome.kind is Kind.FAULT

@@ -6,7 +6,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.db import schema, work
-from batch.lifecycle import DeadAsset, Done, Refreshed, RetryLater, WeekResult
+from batch.lifecycle import DeadAsset, Done, Refreshed, RetryLater, Transition, WeekResult
 
 NOW = datetime(2026, 11, 30, 1, 0, tzinfo=UTC)
 WEEK = date(2026, 11, 29)
@@ -111,3 +111,25 @@ async def test_write_from_a_worker_that_lost_its_lease_changes_nothing(
 
 def _log(cid: int, at: datetime, kind: str, code: str) -> Refreshed:
     return Refreshed(cid, "BANK000001", at, kind, code, "T" * 25, 1, 5)
+
+
+async def test_attempted_today_counts_distinct_consents_like_the_planner(
+    engine: AsyncEngine,
+) -> None:
+    await _seed(engine, 2)
+    day = date(2026, 11, 30)
+    for step in range(3):  # consent 1 fails twice, then succeeds; consent 2 once
+        at = NOW + timedelta(minutes=11 * step)
+        got = await work.claim(engine, "BANK000001", worker="w1", week=WEEK, now=at, limit=2)
+        changes: list[Transition] = []
+        for c in got:
+            if c.user_id == "u0" and step < 2:
+                changes.append(RetryLater(_log(c.id, at, "fault", "50001"), week=WEEK,
+                                          attempts=step + 1, unknown_attempts=0,
+                                          not_before=at + timedelta(minutes=10),
+                                          week_result=WeekResult.RETRYING, error="fault"))
+            else:
+                changes.append(Done(_log(c.id, at, "success", "00000"),
+                                    next_week=WEEK + timedelta(days=7)))
+        await work.apply(engine, changes, run_id="r", worker="w1", day=day)
+    assert await work.attempted_today(engine, day=day) == {"BANK000001": 2}

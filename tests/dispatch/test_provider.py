@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Sequence
 from datetime import date, datetime, timedelta
 
 from batch.client import RefreshResult
@@ -221,3 +222,74 @@ async def test_a_consent_due_again_after_a_failure_is_claimed_again_the_same_day
     await _run(clock, d, writer, 300)
     assert len(seen) == 2 and seen[1] - seen[0] >= 30
     assert store.consents[1].due_week == WEEK + timedelta(days=7)
+
+
+class CountingStore(MemoryWorkStore):
+    """The memory store, counting the start-mark statements."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marks: list[int] = []
+
+    async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime) -> int:
+        self.marks.append(len(ids))
+        return await super().mark_started(ids, worker=worker, at=at)
+
+
+async def test_a_claim_is_marked_started_before_its_call_and_a_queued_one_never_is() -> None:
+    clock = FakeClock(datetime(2026, 11, 30, 0, 59, 0, tzinfo=KST))
+    store = CountingStore()
+    store.add(ORG, 6000, week=WEEK, not_before=clock.now() - timedelta(days=1))
+    unmarked_at_call: list[int] = []
+
+    async def check(claim: Claim, not_after: float | None) -> RefreshResult:
+        if store.consents[claim.id].started_at is None:
+            unmarked_at_call.append(claim.id)
+        return RefreshResult(OK, calls=1)
+
+    writer = OutcomeWriter(store, run_id="r1", worker="w1", day=DAY, clock=clock)
+    d = ProviderDispatcher(
+        ORG, store=store, refresh=check, writer=writer, clock=clock,
+        settings=DispatchSettings(worker_id="w1"), policy=RetryPolicy(), day=DAY, week=WEEK,
+        quota=6000, minutes={60: 6000}, per_minute_cap=100_000,
+    )
+    stop = asyncio.Event()
+
+    async def stopper() -> None:
+        await clock.sleep(90)  # 30 s into the minute: half the claims still queued
+        stop.set()
+
+    stopping = asyncio.create_task(stopper())
+    await _run(clock, d, writer, 200, stop=stop)
+    await stopping
+    assert unmarked_at_call == []
+    assert len(store.outcomes) == 3600
+    # One statement marks about a second of starts (120/s here), not one per call.
+    assert len(store.marks) <= 3600 // 100 and sum(store.marks) >= 3600
+    # Released claims carry no start mark: after a crash they would be plainly due.
+    assert all(c.started_at is None for c in store.consents.values())
+
+
+async def test_a_consent_that_failed_four_times_last_week_is_not_dead_lettered_this_week(
+) -> None:
+    async def fault(claim: Claim, not_after: float | None) -> RefreshResult:
+        return RefreshResult(Outcome(Kind.FAULT, "50001", 500, retryable=True), calls=1)
+
+    clock, store, d, writer, _ = _setup(1, {60: 1}, refresh=fault)
+    c = store.consents[1]
+    c.due_week, c.attempts, c.counters_week = WEEK - timedelta(days=7), 4, WEEK - timedelta(days=7)
+    await _run(clock, d, writer, 130)
+    assert store.dead_letters == []
+    assert (c.attempts, c.counters_week, c.week_result) == (1, WEEK, "retrying")
+
+
+async def test_a_token_pair_the_client_could_not_save_is_written_with_the_outcome() -> None:
+    async def rotated(claim: Claim, not_after: float | None) -> RefreshResult:
+        return RefreshResult(OK, calls=3, new_access_token=f"new-{claim.id}",
+                             new_refresh_token=f"rot-{claim.id}")
+
+    clock, store, d, writer, _ = _setup(3, {60: 3}, refresh=rotated)
+    await _run(clock, d, writer, 130)
+    assert [(c.access_token, c.refresh_token) for c in store.consents.values()] == [
+        (f"new-{i}", f"rot-{i}") for i in (1, 2, 3)]
+    assert len(store.outcomes) == 3  # a token pair is no outcome
