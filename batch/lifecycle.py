@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from batch.client import Progress, RefreshResult
 from batch.dispatch.policy import RetryPolicy
@@ -112,95 +112,78 @@ class _Finished:
 class Done(_Finished):
     """Transferred this week: due again next week, counters and progress cleared."""
 
+    step: ClassVar[Step] = Step.DONE
     next_week: date
-
-    @property
-    def step(self) -> Step:
-        return Step.DONE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AlreadyTransferred(_Finished):
     """42901: the provider counted this week's transfer already; nothing more this week."""
 
+    step: ClassVar[Step] = Step.DONE_FOR_WEEK
     next_week: date
     week_result: WeekResult
     error: str
-
-    @property
-    def step(self) -> Step:
-        return Step.DONE_FOR_WEEK
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeadAsset(_Finished):
     """40305/40404 on the list call: the consent's asset is gone; never called again."""
 
+    step: ClassVar[Step] = Step.DEAD_ASSET
     error: str
-
-    @property
-    def step(self) -> Step:
-        return Step.DEAD_ASSET
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RetryLater(_Finished):
-    """Due again at ``not_before`` this week; ``attempts`` is the week's new total."""
+class _DueAgain(_Finished):
+    """Due again at ``not_before`` this week; the counters are the week's new totals."""
 
     week: date
     attempts: int
     unknown_attempts: int
     not_before: datetime
-    week_result: WeekResult
     error: str
     progress: Progress | None = None
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryLater(_DueAgain):
+    """A provider fault, a throttle, or a token refused after its refresh: one attempt."""
+
+    week_result: WeekResult = WeekResult.RETRYING
+
     @property
     def step(self) -> Step:
-        return Step.REFRESH_TOKEN if self.week_result is WeekResult.TOKEN_INVALID \
-            else Step.RETRY_LATER
+        return (Step.REFRESH_TOKEN if self.week_result is WeekResult.TOKEN_INVALID
+                else Step.RETRY_LATER)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Unknown(_Finished):
+class Unknown(_DueAgain):
     """The provider may have processed it: one more try, later; counts an unknown."""
 
-    week: date
-    attempts: int
-    unknown_attempts: int
-    not_before: datetime
-    error: str
-    progress: Progress | None = None
-
-    @property
-    def step(self) -> Step:
-        return Step.UNKNOWN
+    step: ClassVar[Step] = Step.UNKNOWN
+    week_result: ClassVar[WeekResult] = WeekResult.UNKNOWN
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NotAttempted(_Finished):
     """Refused by one of our own layers: stays due, nothing counted, progress kept."""
 
+    step: ClassVar[Step] = Step.NOT_ATTEMPTED
     progress: Progress | None = None
-
-    @property
-    def step(self) -> Step:
-        return Step.NOT_ATTEMPTED
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeadLetter(_Finished):
     """Given up for this week: a dead-letter row for the operator; due again next week."""
 
+    step: ClassVar[Step] = Step.DEAD_LETTER
     week: date
     next_week: date
     attempts: int
     why: WeekResult
     error: str
-
-    @property
-    def step(self) -> Step:
-        return Step.DEAD_LETTER
 
 
 @dataclass(frozen=True, slots=True)

@@ -292,10 +292,9 @@ def consent_changes(t: Transition) -> dict[str, Any]:
             return {**common, "status": "dead", "pending_items": None,
                     "week_result": WeekResult.DEAD_ASSET.value, "last_error": t.error}
         case RetryLater() | Unknown():
-            result = (t.week_result if isinstance(t, RetryLater) else WeekResult.UNKNOWN)
             return {**common, "attempts": t.attempts, "unknown_attempts": t.unknown_attempts,
                     "counters_week": t.week, "not_before": t.not_before,
-                    "week_result": result.value, "last_error": t.error,
+                    "week_result": t.week_result.value, "last_error": t.error,
                     "pending_items": _progress(t.progress)}
         case NotAttempted():
             return {**common, "pending_items": _progress(t.progress)}

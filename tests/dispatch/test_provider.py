@@ -24,11 +24,12 @@ OK = Outcome(Kind.SUCCESS, "00000", 200)
 
 def _setup(n_consents: int, minutes: dict[int, int], *, quota: int | None = None,
            refresh: object = None, breaker_open: object = None,
-           start: datetime | None = None) -> tuple[FakeClock, MemoryWorkStore,
+           start: datetime | None = None, store: MemoryWorkStore | None = None,
+           ) -> tuple[FakeClock, MemoryWorkStore,
                                                    ProviderDispatcher, OutcomeWriter,
                                                    list[tuple[float, int]]]:
     clock = FakeClock(start or datetime(2026, 11, 30, 0, 59, 0, tzinfo=KST))
-    store = MemoryWorkStore()
+    store = store or MemoryWorkStore()
     store.add(ORG, n_consents, week=WEEK, not_before=clock.now() - timedelta(days=1))
     starts: list[tuple[float, int]] = []
 
@@ -237,9 +238,7 @@ class CountingStore(MemoryWorkStore):
 
 
 async def test_a_claim_is_marked_started_before_its_call_and_a_queued_one_never_is() -> None:
-    clock = FakeClock(datetime(2026, 11, 30, 0, 59, 0, tzinfo=KST))
     store = CountingStore()
-    store.add(ORG, 6000, week=WEEK, not_before=clock.now() - timedelta(days=1))
     unmarked_at_call: list[int] = []
 
     async def check(claim: Claim, not_after: float | None) -> RefreshResult:
@@ -247,12 +246,7 @@ async def test_a_claim_is_marked_started_before_its_call_and_a_queued_one_never_
             unmarked_at_call.append(claim.id)
         return RefreshResult(OK, calls=1)
 
-    writer = OutcomeWriter(store, run_id="r1", worker="w1", day=DAY, clock=clock)
-    d = ProviderDispatcher(
-        ORG, store=store, refresh=check, writer=writer, clock=clock,
-        settings=DispatchSettings(worker_id="w1"), policy=RetryPolicy(), day=DAY, week=WEEK,
-        quota=6000, minutes={60: 6000}, per_minute_cap=100_000,
-    )
+    clock, _, d, writer, _ = _setup(6000, {60: 6000}, refresh=check, store=store)
     stop = asyncio.Event()
 
     async def stopper() -> None:
