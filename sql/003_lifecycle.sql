@@ -2,6 +2,16 @@
 -- and dead assets found on detail calls (never called again on schedule).
 ALTER TABLE consents ADD COLUMN IF NOT EXISTS counters_week DATE;
 ALTER TABLE consents ADD COLUMN IF NOT EXISTS started_at TIMESTAMPTZ;
+-- Counters and progress written before this version belong to the consent's due week
+-- (once: not a scan of every consent at each start).
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM schema_migrations WHERE version = 3) THEN
+        UPDATE consents SET counters_week = due_week
+        WHERE counters_week IS NULL
+          AND (attempts > 0 OR unknown_attempts > 0 OR pending_items IS NOT NULL);
+    END IF;
+END $$;
 
 CREATE TABLE IF NOT EXISTS dead_assets (
     consent_id BIGINT NOT NULL REFERENCES consents (id),
