@@ -14,7 +14,7 @@ BEGIN
 END $$;
 
 CREATE TABLE IF NOT EXISTS dead_assets (
-    consent_id BIGINT NOT NULL REFERENCES consents (id),
+    consent_id BIGINT NOT NULL,  -- no foreign key, like call_outcomes
     item_id    TEXT NOT NULL,
     since      TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (consent_id, item_id)

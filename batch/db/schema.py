@@ -186,8 +186,8 @@ Index("call_outcomes_run_idx", call_outcomes.c.run_id)
 
 dead_assets = Table(
     "dead_assets", metadata,
-    Column("consent_id", BigInteger, ForeignKey("consents.id"), primary_key=True,
-           autoincrement=False),
+    # no foreign key (like call_outcomes): loading or truncating consents stays as it was
+    Column("consent_id", BigInteger, primary_key=True, autoincrement=False),
     Column("item_id", Text, primary_key=True),
     Column("since", UTCDateTime, nullable=False),
 )

@@ -383,7 +383,6 @@ async def apply(engine: AsyncEngine, changes: Sequence[Change], *, run_id: str, 
                 q = q.with_for_update()
             leased.update(int(x) for x in (await conn.execute(q)).scalars())
         held = batch.held(leased)
-        # Dead items first: the FK needs the consent, the guard needs the lease.
         assets = [row for t in held for row in dead_asset_rows(t)]
         if assets:
             await conn.execute(text(
