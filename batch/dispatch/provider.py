@@ -2,9 +2,11 @@
 starting each 100 ms slice's refreshes as detached tasks, at the planned rate.
 
 The producer fetches just ahead of the consumer (a couple of seconds of work, never a whole
-minute) into a queue kept at that size. Just before claims start, the consumer marks the
-coming second's claims started in one statement, so that after a crash only claims that may
-have been called come back as unknown outcomes. The consumer ticks on absolute deadlines, so a late
+minute) into a queue kept at that size. Ahead of the starts, in the background, the
+consumer keeps about the coming second of the queue's head marked started (one statement
+per half second or so), and starts only marked claims: after a crash, a claim that may have
+been called is never taken for an uncalled one, and a claim that only sat in the queue is
+plainly due again, not an unknown outcome. The consumer ticks on absolute deadlines, so a late
 tick never shifts the ones after it; lateness is measured per tick. A slow refresh never
 delays a tick: each runs in its own task.
 """
@@ -18,6 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
+from itertools import islice
 
 from batch.client import RefreshResult
 from batch.clock import KST, Clock
@@ -31,6 +34,9 @@ from batch.lifecycle import DeadLetter, NotAttempted, admit, decide, unsaved_tok
 from batch.resilience.outcomes import Kind, Outcome
 
 log = logging.getLogger("mydata.dispatch")
+
+#: how far ahead of the starts the queue's head is kept marked started
+MARK_AHEAD_SECONDS = 1.0
 
 #: refresh(claim, not_after): not_after is the monotonic time no call may start after
 RefreshFn = Callable[[work.Claim, float | None], Awaitable[RefreshResult]]
@@ -102,6 +108,7 @@ class ProviderDispatcher:
         self.stats = ProviderStats(org_code, day_quota=quota, attempted_before=attempted_before)
         self._queue: deque[work.Claim] = deque()
         self._marked = 0  # the queue's first claims already marked started
+        self._marking: asyncio.Task[None] | None = None  # the start mark in flight
         self._tasks: set[asyncio.Task[None]] = set()
         self._held: set[int] = set()  # claims queued or in flight: ours, lease renewed
         self._rate = 0.0  # refreshes per second in the current minute, for the producer
@@ -230,6 +237,7 @@ class ProviderDispatcher:
             self._rate = n / (usable * SLICE_SECONDS)
             self._nudge.set()
             counts = slice_counts(n, usable)
+            self._mark_soon()
             owed = 0
             started = 0
             for k, cnt in enumerate(counts):
@@ -239,6 +247,7 @@ class ProviderDispatcher:
                 if stop.is_set():
                     break
                 owed += cnt
+                self._mark_soon(owed)
                 if not owed:
                     continue
                 if self._breaker_open():
@@ -247,7 +256,7 @@ class ProviderDispatcher:
                     owed = 0
                     continue
                 while owed and self._queue:
-                    if not self._marked and not await self._mark_ahead(owed):
+                    if not self._marked and not await self._marked_now(owed):
                         break
                     self._marked -= 1
                     self._start(self._queue.popleft(), not_after)
@@ -269,11 +278,16 @@ class ProviderDispatcher:
                 pass
         return stop.is_set()
 
-    async def _mark_ahead(self, owed: int) -> bool:
-        """Mark the queue's next second of claims started (one statement), before the first
-        of them starts; False if the database refused (then none start this slice)."""
-        n = max(owed, math.ceil(self._rate))
-        ids = [c.id for c, _ in zip(self._queue, range(n), strict=False)]
+    def _mark_soon(self, owed: int = 0) -> None:
+        """Below half a second of marked claims, mark the next second's in the background."""
+        want = math.ceil(self._rate * MARK_AHEAD_SECONDS / 2) + owed
+        if self._marking is not None or self._marked > want or self._marked >= len(self._queue):
+            return
+        n = 2 * want + 1
+        ids = [c.id for c in islice(self._queue, self._marked, self._marked + n)]
+        self._marking = asyncio.create_task(self._mark(ids), name=f"mark-{self.org_code}")
+
+    async def _mark(self, ids: list[int]) -> None:
         try:
             await self._store.mark_started(ids, worker=self._settings.worker_id,
                                            at=self._clock.now())
@@ -281,9 +295,19 @@ class ProviderDispatcher:
             self.stats.claim_errors += 1
             log.warning("start mark failed; those claims wait", extra={
                 "action": "mark_failed", "org_code": self.org_code, "error": describe(exc)})
-            return False
-        self._marked = len(ids)
-        return True
+        else:
+            # Starts take only marked claims, so these still follow the marked ones.
+            self._marked += len(ids)
+        finally:
+            self._marking = None
+
+    async def _marked_now(self, owed: int) -> bool:
+        """Wait for a start mark (rare: the background one keeps ahead); False if none."""
+        self._mark_soon(owed)
+        task = self._marking
+        if task is not None:
+            await asyncio.shield(task)
+        return self._marked > 0
 
     def _start(self, claim: work.Claim, not_after: float | None) -> None:
         self.stats.started += 1
@@ -358,6 +382,8 @@ class ProviderDispatcher:
             # Let the producer finish its current claim rather than cancel it mid-transaction.
             self._claiming = False
             self._nudge.set()
+            if self._marking is not None:
+                await asyncio.gather(self._marking, return_exceptions=True)
             try:
                 async with self._clock.timeout(60):
                     await asyncio.shield(producer)

@@ -259,7 +259,7 @@ async def test_a_claim_is_marked_started_before_its_call_and_a_queued_one_never_
     assert unmarked_at_call == []
     assert len(store.outcomes) == 3600
     # One statement marks about a second of starts (120/s here), not one per call.
-    assert len(store.marks) <= 3600 // 100 and sum(store.marks) >= 3600
+    assert len(store.marks) <= 3600 // 50 and sum(store.marks) >= 3600
     # Released claims carry no start mark: after a crash they would be plainly due.
     assert all(c.started_at is None for c in store.consents.values())
 
