@@ -225,20 +225,23 @@ async def test_a_consent_due_again_after_a_failure_is_claimed_again_the_same_day
     assert store.consents[1].due_week == WEEK + timedelta(days=7)
 
 
-class CountingStore(MemoryWorkStore):
-    """The memory store, counting the start-mark statements."""
+class SlowMarkStore(MemoryWorkStore):
+    """The memory store, whose start marks take 250 ms (on the clock) and are counted."""
 
     def __init__(self) -> None:
         super().__init__()
         self.marks: list[int] = []
+        self.clock: FakeClock | None = None
 
     async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime) -> int:
         self.marks.append(len(ids))
+        assert self.clock is not None
+        await self.clock.sleep(0.25)
         return await super().mark_started(ids, worker=worker, at=at)
 
 
 async def test_a_claim_is_marked_started_before_its_call_and_a_queued_one_never_is() -> None:
-    store = CountingStore()
+    store = SlowMarkStore()
     unmarked_at_call: list[int] = []
 
     async def check(claim: Claim, not_after: float | None) -> RefreshResult:
@@ -247,6 +250,7 @@ async def test_a_claim_is_marked_started_before_its_call_and_a_queued_one_never_
         return RefreshResult(OK, calls=1)
 
     clock, _, d, writer, _ = _setup(6000, {60: 6000}, refresh=check, store=store)
+    store.clock = clock
     stop = asyncio.Event()
 
     async def stopper() -> None:
