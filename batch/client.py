@@ -3,15 +3,19 @@
 A refresh is the industry's list call, its pages one after another (never in parallel), then
 one detail call per item. Every HTTP attempt carries ``Authorization``, a fresh
 ``x-api-tran-id`` and ``x-api-type: scheduled``. A 40101 refreshes the token once and retries
-once. If the list succeeded but a detail failed, the remaining item ids come back as
-``pending_items`` so the next attempt fetches only those and never repeats the list (a
-second transfer in the week is what providers refuse with 42901).
+once. A refresh that stops part way (a later list page or a detail failed, or was refused
+by us) comes back with its :class:`Progress`: the next list page's cursor and the item ids
+already read, or the item ids still to fetch once the list is complete. The next attempt
+resumes from there and never repeats page 1 (all pages of a list call are one transfer; a
+second transfer in the week is what providers refuse with 42901). Items known dead are
+never called. A refreshed token is handed to ``on_token`` before the retried call.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,6 +25,7 @@ from httpx_aiohttp import AiohttpTransport
 
 from batch.clock import Clock
 from batch.config import Provider
+from batch.errors import describe
 from batch.http_errors import TRANSPORT_ERRORS, transport_outcome
 from batch.resilience.outcomes import (
     DEAD_ASSET_CODES,
@@ -32,6 +37,8 @@ from batch.resilience.outcomes import (
     rejected,
 )
 from batch.routes import MAX_PAGE_LIMIT, ROUTES, TOKEN_PATH, IndustryRoutes
+
+log = logging.getLogger("mydata.client")
 
 API_TYPE = "scheduled"
 MAX_PAGES = 1000
@@ -47,14 +54,48 @@ class CallChain(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Progress:
+    """How far this week's transfer got.
+
+    ``next_page`` set: the list is not complete; resume it at that cursor, ``items`` are the
+    ids read so far. ``next_page`` None: the list is complete; ``items`` are still to fetch.
+    """
+
+    items: tuple[str, ...]
+    next_page: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({"next_page": self.next_page, "items": list(self.items)})
+
+    @classmethod
+    def from_json(cls, raw: str) -> Progress:
+        """Read :meth:`to_json`'s form, or the older plain list of item ids still to fetch."""
+        data = json.loads(raw)
+        if isinstance(data, list):
+            return cls(tuple(str(x) for x in data))
+        nxt = data.get("next_page")
+        return cls(tuple(str(x) for x in data.get("items") or ()),
+                   None if nxt is None else str(nxt))
+
+
+#: on_token(access_token, refresh_token): store a refreshed token pair now
+TokenSaver = Callable[[str, str | None], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
 class RefreshResult:
-    """How one consent's refresh ended."""
+    """How one consent's refresh ended.
+
+    ``new_access_token``/``new_refresh_token`` are set only when a refreshed pair could not
+    be saved through ``on_token`` (or no saver was given): the caller must store them.
+    """
 
     outcome: Outcome
     calls: int
     items: int = 0
-    dead_items: int = 0
-    pending_items: tuple[str, ...] | None = None
+    #: item ids the provider reported dead (40305/40404) on their detail call
+    dead_items: tuple[str, ...] = ()
+    progress: Progress | None = None
     new_access_token: str | None = field(default=None, repr=False)
     new_refresh_token: str | None = field(default=None, repr=False)
 
@@ -218,8 +259,13 @@ class MydataClient:
     async def _call(
         self, tokens: _Tokens, method: str, path: str, *, deadline: float | None,
         params: dict[str, Any] | None = None, body: dict[str, Any] | None = None,
+        on_token: TokenSaver | None = None,
     ) -> tuple[Outcome, int]:
-        """One logical call through the chain; 40101 refreshes the token once, retries once."""
+        """One logical call through the chain; 40101 refreshes the token once, retries once.
+
+        The refreshed pair is saved through ``on_token`` before the retried call: a crash
+        after it must not strand the consent on a refresh token the provider rotated.
+        """
         calls = 0
 
         async def attempt(timeout: float) -> Outcome:
@@ -236,6 +282,7 @@ class MydataClient:
             refreshed = await self._refresh_token(tokens, deadline=deadline)
             calls += refreshed[1]
             if refreshed[0].ok:
+                await _save(on_token, tokens)
                 out = await self._chain.call(attempt, deadline=deadline)
             else:
                 out = refreshed[0]
@@ -294,75 +341,93 @@ class MydataClient:
         *,
         access_token: str,
         refresh_token: str | None,
-        pending_items: Sequence[str] | None = None,
+        progress: Progress | None = None,
+        dead_items: frozenset[str] = frozenset(),
         deadline: float | None = None,
         not_after: float | None = None,
+        on_token: TokenSaver | None = None,
     ) -> RefreshResult:
-        """Fetch one consent's scheduled data: the list (unless resuming), then details.
+        """Fetch one consent's scheduled data: the list (or its rest), then the details.
 
-        No HTTP call starts at or after ``not_after`` (clock.monotonic(); the end of the
-        provider's window): such a call is refused by us and the rest stays due.
+        Resumes at ``progress`` when given; never calls an item in ``dead_items``. No HTTP
+        call starts at or after ``not_after`` (clock.monotonic(); the end of the provider's
+        window): such a call is refused by us and the rest stays due.
         """
         tokens = _Tokens(access_token, refresh_token, not_after)
         calls = 0
         r = self.routes
-        if pending_items is None:
-            items: list[str] = []
-            next_page: str | None = None
+        items = list(progress.items) if progress is not None else []
+        next_page = progress.next_page if progress is not None else None
+        last = Outcome(Kind.SUCCESS, "00000", 200, attempts=0)
+        if progress is None or next_page is not None:
             for _ in range(MAX_PAGES):
                 params: dict[str, Any] = {"org_code": self.provider.org_code,
                                           "search_timestamp": 0, "limit": self._page_limit}
                 if next_page is not None:
                     params["next_page"] = next_page
                 out, n = await self._call(tokens, "GET", r.list_path, deadline=deadline,
-                                          params=params)
+                                          params=params, on_token=on_token)
                 calls += n
                 if not out.ok:
-                    return self._result(out, calls, tokens, items=len(items))
+                    # Page 1 failed: nothing to resume. A later page: the transfer is under
+                    # way at the provider; the next attempt continues it at this cursor.
+                    kept = None if next_page is None else Progress(tuple(items), next_page)
+                    return self._result(out, calls, tokens, items=len(items), progress=kept)
                 page = out.payload if isinstance(out.payload, dict) else {}
                 for item in page.get(r.list_key) or []:
                     if isinstance(item, dict) and r.id_key in item:
                         items.append(str(item[r.id_key]))
                 nxt = page.get("next_page")
+                last = out
                 if not nxt:
                     break
                 next_page = str(nxt)
-            list_outcome = out
-        else:
-            items = list(pending_items)
-            list_outcome = Outcome(Kind.SUCCESS, "00000", 200, attempts=0)
-        dead = 0
-        last = list_outcome
-        for i, item_id in enumerate(items):
+        todo = [i for i in items if i not in dead_items]
+        dead: list[str] = []
+        for i, item_id in enumerate(todo):
             if r.detail_method == "POST":
                 out, n = await self._call(
                     tokens, "POST", r.detail_path(item_id), deadline=deadline,
                     body={"org_code": self.provider.org_code, r.id_key: item_id,
-                          "search_timestamp": 0},
+                          "search_timestamp": 0}, on_token=on_token,
                 )
             else:
                 out, n = await self._call(
                     tokens, "GET", r.detail_path(item_id), deadline=deadline,
                     params={"org_code": self.provider.org_code, "search_timestamp": 0},
+                    on_token=on_token,
                 )
             calls += n
             if out.kind is Kind.CONSENT and out.rsp_code in DEAD_ASSET_CODES:
-                dead += 1  # this asset is gone; the consent's other assets still count
+                dead.append(item_id)  # this asset is gone; the consent's other assets count
                 continue
             if not out.ok:
-                return self._result(out, calls, tokens, items=len(items), dead=dead,
-                                    pending=tuple(items[i:]))
+                return self._result(out, calls, tokens, items=len(items), dead=tuple(dead),
+                                    progress=Progress(tuple(todo[i:])))
             last = out
-        return self._result(last, calls, tokens, items=len(items), dead=dead)
+        return self._result(last, calls, tokens, items=len(items), dead=tuple(dead))
 
     @staticmethod
-    def _result(out: Outcome, calls: int, tokens: _Tokens, *, items: int, dead: int = 0,
-                pending: tuple[str, ...] | None = None) -> RefreshResult:
+    def _result(out: Outcome, calls: int, tokens: _Tokens, *, items: int,
+                dead: tuple[str, ...] = (), progress: Progress | None = None) -> RefreshResult:
         return RefreshResult(
-            outcome=out, calls=calls, items=items, dead_items=dead, pending_items=pending,
+            outcome=out, calls=calls, items=items, dead_items=dead, progress=progress,
             new_access_token=tokens.access if tokens.changed else None,
             new_refresh_token=tokens.refresh if tokens.changed else None,
         )
+
+
+async def _save(on_token: TokenSaver | None, tokens: _Tokens) -> None:
+    """Store a refreshed pair now; if that fails, the result carries it for the caller."""
+    if on_token is None:
+        return
+    try:
+        await on_token(tokens.access, tokens.refresh)
+    except Exception as exc:  # the database may be down: the outcome write retries it
+        log.warning("token save failed; kept for the outcome write", extra={
+            "action": "token_save_failed", "error": describe(exc)})
+        return
+    tokens.changed = False
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -1,21 +1,39 @@
 """An in-memory twin of the dispatcher's work store, for unit tests and benchmarks.
 
-Same semantics as :class:`batch.db.work.SqlWorkStore`: keyset order over (due_week, id),
-leases, stale claims marked unknown, writes only by the lease holder. Answers at once.
+Same contract as :class:`batch.db.work.SqlWorkStore` (tests/db/test_lifecycle_contract.py
+holds both to identical rows): keyset order over (due_week, id), leases, the start mark,
+per-week counters, writes only by the lease holder. It applies the very column changes and
+rows that :mod:`batch.db.work` defines for each transition. Answers at once.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
+from typing import Any
 
-from batch.db.work import START, Claim, Cursor, Record
+from batch.client import Progress
+from batch.db.work import (
+    RELEASED,
+    START,
+    Batch,
+    Claim,
+    Cursor,
+    by_kind,
+    consent_changes,
+    dead_asset_rows,
+    dead_letter_row,
+    outcome_row,
+    token_changes,
+)
+from batch.lifecycle import Change, DeadLetter, TokenRefreshed
 
 
 @dataclass(slots=True)
 class MemoryConsent:
+    """The columns of one ``consents`` row the dispatcher reads or writes."""
+
     id: int
     org_code: str
     user_id: str
@@ -26,21 +44,25 @@ class MemoryConsent:
     status: str = "active"
     attempts: int = 0
     unknown_attempts: int = 0
+    counters_week: date | None = None
     week_result: str | None = None
     pending_items: str | None = None
     last_error: str | None = None
     last_scheduled_at: datetime | None = None
     lease_owner: str | None = None
     lease_until: datetime | None = None
+    started_at: datetime | None = None
+    updated_at: datetime | None = None
 
 
 class MemoryWorkStore:
-    """Consents in a dict; outcomes and dead letters in lists."""
+    """Consents in a dict; outcome, dead-letter and dead-asset rows as column dicts."""
 
     def __init__(self) -> None:
         self.consents: dict[int, MemoryConsent] = {}
-        self.outcomes: list[Record] = []
-        self.dead_letters: list[Record] = []
+        self.outcomes: list[dict[str, Any]] = []
+        self.dead_letters: list[dict[str, Any]] = []
+        self.dead_assets: dict[tuple[int, str], dict[str, Any]] = {}
         self.claim_calls = 0
         self.fail_writes = 0
 
@@ -66,61 +88,65 @@ class MemoryWorkStore:
         )[:limit]
         out = []
         for c in rows:
-            stale = c.lease_owner is not None
-            if stale:
-                c.unknown_attempts += 1
-            c.lease_owner, c.lease_until = worker, now + lease
+            stale = c.lease_owner is not None and c.started_at is not None
+            if c.counters_week != week:
+                c.attempts = c.unknown_attempts = 0
+                c.pending_items = None
+            c.counters_week = week
+            c.unknown_attempts += int(stale)
+            c.lease_owner, c.lease_until, c.started_at = worker, now + lease, None
             out.append(Claim(c.id, org_code, c.user_id, c.due_week, c.attempts,
                              c.unknown_attempts, stale, access_token=c.access_token,
                              refresh_token=c.refresh_token,
-                             pending_items=tuple(json.loads(c.pending_items))
-                             if c.pending_items else None))
+                             progress=Progress.from_json(c.pending_items)
+                             if c.pending_items else None,
+                             dead_items=frozenset(item for cid, item in self.dead_assets
+                                                  if cid == c.id)))
         return out
 
+    def _held(self, ids: Sequence[int], worker: str) -> list[MemoryConsent]:
+        return [self.consents[i] for i in ids if self.consents[i].lease_owner == worker]
+
     async def release(self, ids: Sequence[int], *, worker: str) -> int:
-        n = 0
-        for i in ids:
-            c = self.consents[i]
-            if c.lease_owner == worker:
-                c.lease_owner = c.lease_until = None
-                n += 1
-        return n
+        held = self._held(ids, worker)
+        for c in held:
+            _set(c, RELEASED)
+        return len(held)
 
     async def extend(self, ids: Sequence[int], *, worker: str, until: datetime) -> int:
-        n = 0
-        for i in ids:
-            c = self.consents[i]
-            if c.lease_owner == worker:
-                c.lease_until = until
-                n += 1
-        return n
+        held = self._held(ids, worker)
+        for c in held:
+            c.lease_until = until
+        return len(held)
 
-    async def write(self, records: Sequence[Record], *, run_id: str, worker: str,
+    async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime) -> int:
+        held = self._held(ids, worker)
+        for c in held:
+            c.started_at = c.started_at or at
+        return len(held)
+
+    async def apply(self, changes: Sequence[Change], *, run_id: str, worker: str,
                     day: date) -> None:
         if self.fail_writes > 0:
             self.fail_writes -= 1
             raise ConnectionError("database unreachable (simulated)")
-        for r in records:
-            c = self.consents[r.consent_id]
-            if c.lease_owner == worker:
-                if r.next_due_week is not None:
-                    c.due_week = r.next_due_week
-                    c.attempts = c.unknown_attempts = 0
-                    c.pending_items = None
-                    if r.action == "done":
-                        c.last_scheduled_at = r.at
-                elif r.action == "dead_asset":
-                    c.status = "dead"
-                else:
-                    c.attempts += int(r.count_attempt)
-                    c.unknown_attempts += int(r.count_unknown)
-                    c.not_before = r.not_before or c.not_before
-                    c.pending_items = r.pending_items
-                c.week_result = r.week_result or c.week_result
-                c.last_error = r.error or c.last_error
-                c.lease_owner = c.lease_until = None
-            if r.new_access_token is not None:
-                c.access_token = r.new_access_token
-            if r.dead_letter:
-                self.dead_letters.append(r)
-            self.outcomes.append(r)
+        batch = Batch.of(changes)
+        held = batch.held({c.id for c in self._held(batch.ids(), worker)})
+        for t in held:
+            for row in dead_asset_rows(t):
+                self.dead_assets.setdefault((row["consent_id"], row["item_id"]), row)
+        for ts in by_kind(held).values():
+            for t in ts:
+                _set(self.consents[t.consent_id], consent_changes(t))
+        for tok in batch.tokens:
+            await self.save_token(tok)
+        self.dead_letters.extend(dead_letter_row(t) for t in held if isinstance(t, DeadLetter))
+        self.outcomes.extend(outcome_row(t, run_id=run_id, day=day) for t in batch.transitions)
+
+    async def save_token(self, t: TokenRefreshed) -> None:
+        _set(self.consents[t.consent_id], token_changes(t))
+
+
+def _set(c: MemoryConsent, values: dict[str, Any]) -> None:
+    for k, v in values.items():
+        setattr(c, k, v)

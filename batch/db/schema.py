@@ -105,8 +105,12 @@ consents = Table(
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("unknown_attempts", Integer, nullable=False, server_default="0"),
     Column("week_result", Text),
-    # JSON list of item ids still to fetch after the list call of this week succeeded
+    # JSON: where this week's transfer stopped (batch.client.Progress), for the next attempt
     Column("pending_items", Text),
+    # the week attempts, unknown_attempts and pending_items belong to (another: read as none)
+    Column("counters_week", Date),
+    # set just before a claim's first call starts: only a started claim can be "unknown"
+    Column("started_at", UTCDateTime),
     Column("last_error", Text),
     Column("lease_owner", Text),
     Column("lease_until", UTCDateTime),
@@ -195,6 +199,14 @@ call_outcomes = Table(
 )
 Index("call_outcomes_day_idx", call_outcomes.c.org_code, call_outcomes.c.day)
 Index("call_outcomes_run_idx", call_outcomes.c.run_id)
+
+dead_assets = Table(
+    "dead_assets", metadata,
+    # no foreign key (like call_outcomes): loading or truncating consents stays as it was
+    Column("consent_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("item_id", Text, primary_key=True),
+    Column("since", UTCDateTime, nullable=False),
+)
 
 dead_letters = Table(
     "dead_letters", metadata,

@@ -1,25 +1,65 @@
-"""The dispatcher's queries: claim due consents with a lease, release them, record outcomes.
+"""The dispatcher's queries: claim due consents with a lease, mark them started, apply
+their lifecycle transitions (``batch.lifecycle``).
 
 Claims are a keyset scan over ``consents_due_idx`` (org_code, due_week, id): backlog weeks
 first, then this week's consents in id order; never OFFSET. On PostgreSQL the scan locks with
 ``FOR UPDATE SKIP LOCKED`` so any number of workers can claim side by side; a claim carries a
 lease, so a dead worker's consents come back once it expires. A claim found with an expired
-lease from someone else may already have been called: it is marked as an unknown outcome.
+lease from someone else comes back as an unknown outcome only if its first call had started
+(``started_at``, set just before the start); otherwise it is plainly due. Counters and the
+resume point of another week than the claim's read as none: each week starts fresh.
+
+What a transition writes is said once, in :func:`consent_changes` and the row builders
+below; the SQL store and the in-memory twin (``batch.db.memory``) both apply those, each
+kind with one lease-guarded statement, so they cannot disagree.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import Date, Integer, String, bindparam, func, insert, select, text, update
+from sqlalchemy import (
+    Date,
+    Integer,
+    String,
+    bindparam,
+    case,
+    func,
+    insert,
+    literal,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from batch.client import Progress
 from batch.db.engine import transaction
-from batch.db.schema import UTCDateTime, call_outcomes, consents, dead_letters
+from batch.db.schema import (
+    UTCDateTime,
+    call_outcomes,
+    consents,
+    dead_assets,
+    dead_letters,
+)
+from batch.lifecycle import (
+    AlreadyTransferred,
+    Change,
+    DeadAsset,
+    DeadLetter,
+    Done,
+    NotAttempted,
+    RetryLater,
+    Step,
+    TokenRefreshed,
+    Transition,
+    Unknown,
+    WeekResult,
+)
 
 #: The keyset cursor: the last (due_week, id) handed out.
 Cursor = tuple[date, int]
@@ -28,7 +68,11 @@ START: Cursor = (date(1970, 1, 1), 0)
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """One leased consent, ready to refresh. Tokens never appear in its repr."""
+    """One leased consent, ready to refresh. Tokens never appear in its repr.
+
+    ``attempts``/``unknown_attempts`` and ``progress`` are this week's (another week's read
+    as none). ``stale``: it came back from a worker that had started calling it.
+    """
 
     id: int
     org_code: str
@@ -39,8 +83,10 @@ class Claim:
     stale: bool
     access_token: str = field(repr=False)
     refresh_token: str | None = field(repr=False, default=None)
-    #: item ids still to fetch after this week's list call succeeded (JSON in the DB)
-    pending_items: tuple[str, ...] | None = None
+    #: where this week's transfer stopped, if it did (batch.client.Progress)
+    progress: Progress | None = None
+    #: item ids known dead: never called on schedule
+    dead_items: frozenset[str] = frozenset()
 
     @property
     def cursor(self) -> Cursor:
@@ -63,27 +109,32 @@ _PICK_PARAMS = (
     bindparam("now", type_=UTCDateTime), bindparam("n", type_=Integer),
 )
 
+# A claim starts the consent's week afresh if its counters belong to another week, and
+# counts an unknown outcome only when the previous holder had started calling it.
 _PG_CLAIM = text(
     f"""
     WITH picked AS (
-        SELECT id, lease_owner AS prev_owner {_DUE}
+        SELECT id, (lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale {_DUE}
         FOR UPDATE SKIP LOCKED
     )
     UPDATE consents AS c
-    SET lease_owner = :worker, lease_until = :until,
-        unknown_attempts = c.unknown_attempts
-            + CASE WHEN picked.prev_owner IS NOT NULL THEN 1 ELSE 0 END
+    SET lease_owner = :worker, lease_until = :until, started_at = NULL, counters_week = :wk,
+        attempts = CASE WHEN c.counters_week = :wk THEN c.attempts ELSE 0 END,
+        unknown_attempts = CASE WHEN c.counters_week = :wk THEN c.unknown_attempts ELSE 0 END
+            + CASE WHEN picked.stale THEN 1 ELSE 0 END,
+        pending_items = CASE WHEN c.counters_week = :wk THEN c.pending_items END
     FROM picked
     WHERE c.id = picked.id
-    RETURNING c.id, c.user_id, c.due_week, c.attempts, c.unknown_attempts,
-              (picked.prev_owner IS NOT NULL) AS stale, c.access_token, c.refresh_token,
-              c.pending_items
+    RETURNING c.id, c.user_id, c.due_week, c.attempts, c.unknown_attempts, picked.stale,
+              c.access_token, c.refresh_token, c.pending_items
     """
 ).bindparams(*_PICK_PARAMS, bindparam("until", type_=UTCDateTime),
              bindparam("worker", type_=String))
 
 # SQLite has one writer at a time: pick, then lease, in the same transaction.
-_SQLITE_PICK = text(f"SELECT id, lease_owner {_DUE}").bindparams(*_PICK_PARAMS)
+_SQLITE_PICK = text(
+    f"SELECT id, (lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale {_DUE}"
+).bindparams(*_PICK_PARAMS)
 
 
 async def claim(
@@ -113,58 +164,56 @@ async def claim(
             await conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
             rows: Sequence[Any] = (await conn.execute(_PG_CLAIM, params)).all()
         else:
-            rows = await _sqlite_claim(conn, params)
+            rows = await _sqlite_claim(conn, params, week)
+        dead = await _dead_items(conn, [r.id for r in rows])
     claims = [
         Claim(id=r.id, org_code=org_code, user_id=r.user_id, due_week=_as_date(r.due_week),
               attempts=r.attempts, unknown_attempts=r.unknown_attempts, stale=bool(r.stale),
               access_token=r.access_token, refresh_token=r.refresh_token,
-              pending_items=_items(r.pending_items))
+              progress=Progress.from_json(r.pending_items) if r.pending_items else None,
+              dead_items=frozenset(dead.get(r.id, ())))
         for r in rows
     ]
     claims.sort(key=lambda c: c.cursor)
     return claims
 
 
-async def _sqlite_claim(conn: AsyncConnection, params: dict[str, object]) -> list[Any]:
+async def _sqlite_claim(conn: AsyncConnection, params: dict[str, object],
+                        week: date) -> Sequence[Any]:
     picked = (await conn.execute(_SQLITE_PICK, params)).all()
     if not picked:
         return []
-    stale_ids = [r.id for r in picked if r.lease_owner is not None]
+    c = consents.c
     ids = [r.id for r in picked]
+    stale_ids = [r.id for r in picked if r.stale]
+    same = c.counters_week == literal(week, Date)
     await conn.execute(
-        update(consents).where(consents.c.id.in_(ids))
-        .values(lease_owner=params["worker"], lease_until=params["until"])
-    )
-    if stale_ids:
-        await conn.execute(
-            update(consents).where(consents.c.id.in_(stale_ids))
-            .values(unknown_attempts=consents.c.unknown_attempts + 1)
+        update(consents).where(c.id.in_(ids)).values(
+            lease_owner=params["worker"], lease_until=params["until"], started_at=None,
+            counters_week=week,
+            attempts=case((same, c.attempts), else_=0),
+            unknown_attempts=case((same, c.unknown_attempts), else_=0)
+            + case((c.id.in_(stale_ids), 1), else_=0),
+            pending_items=case((same, c.pending_items), else_=None),
         )
-    stale = set(stale_ids)
-    rows = (await conn.execute(
-        select(consents.c.id, consents.c.user_id, consents.c.due_week, consents.c.attempts,
-               consents.c.unknown_attempts, consents.c.access_token, consents.c.refresh_token,
-               consents.c.pending_items)
-        .where(consents.c.id.in_(ids))
+    )
+    stale = case((c.id.in_(stale_ids), True), else_=False).label("stale")
+    return (await conn.execute(
+        select(c.id, c.user_id, c.due_week, c.attempts, c.unknown_attempts, stale,
+               c.access_token, c.refresh_token, c.pending_items)
+        .where(c.id.in_(ids))
     )).all()
-    return [_Row(r, r.id in stale) for r in rows]
 
 
-class _Row:
-    __slots__ = ("access_token", "attempts", "due_week", "id", "pending_items", "refresh_token",
-                 "stale", "unknown_attempts", "user_id")
-
-    def __init__(self, r: object, stale: bool) -> None:
-        for name in ("id", "user_id", "due_week", "attempts", "unknown_attempts",
-                     "access_token", "refresh_token", "pending_items"):
-            setattr(self, name, getattr(r, name))
-        self.stale = stale
-
-
-def _items(raw: object) -> tuple[str, ...] | None:
-    if raw is None:
-        return None
-    return tuple(str(x) for x in json.loads(str(raw)))
+async def _dead_items(conn: AsyncConnection, ids: Sequence[int]) -> dict[int, list[str]]:
+    if not ids:
+        return {}
+    found: dict[int, list[str]] = defaultdict(list)
+    for cid, item in (await conn.execute(
+            select(dead_assets.c.consent_id, dead_assets.c.item_id)
+            .where(dead_assets.c.consent_id.in_(list(ids))))).all():
+        found[int(cid)].append(str(item))
+    return found
 
 
 def _as_date(v: object) -> date:
@@ -183,7 +232,7 @@ async def release(engine: AsyncEngine, ids: Sequence[int], *, worker: str) -> in
         res = await conn.execute(
             update(consents)
             .where(consents.c.id.in_(list(ids)), consents.c.lease_owner == worker)
-            .values(lease_owner=None, lease_until=None)
+            .values(**RELEASED)
         )
     return int(res.rowcount or 0)
 
@@ -191,6 +240,19 @@ async def release(engine: AsyncEngine, ids: Sequence[int], *, worker: str) -> in
 async def extend(engine: AsyncEngine, ids: Sequence[int], *, worker: str,
                  until: datetime) -> int:
     """Renew our leases on claims still queued or in flight (a heartbeat)."""
+    return await _each_chunk(engine, ids, worker, {"lease_until": until})
+
+
+async def mark_started(engine: AsyncEngine, ids: Sequence[int], *, worker: str,
+                       at: datetime) -> int:
+    """Mark claims about to be called: only these can come back as unknown after a crash.
+    Marked a little early (the coming second's claims at once), never late."""
+    return await _each_chunk(engine, ids, worker,
+                             {"started_at": func.coalesce(consents.c.started_at, at)})
+
+
+async def _each_chunk(engine: AsyncEngine, ids: Sequence[int], worker: str,
+                      values: dict[str, Any]) -> int:
     n = 0
     for i in range(0, len(ids), 5000):
         chunk = list(ids[i:i + 5000])
@@ -198,148 +260,193 @@ async def extend(engine: AsyncEngine, ids: Sequence[int], *, worker: str,
             res = await conn.execute(
                 update(consents)
                 .where(consents.c.id.in_(chunk), consents.c.lease_owner == worker)
-                .values(lease_until=until)
+                .values(**values)
             )
         n += int(res.rowcount or 0)
     return n
 
 
+# -- what each transition writes (said once; both stores apply exactly this) ----------------
+
+#: the lease and the start mark, cleared by every transition and by a release
+RELEASED: dict[str, Any] = {"lease_owner": None, "lease_until": None, "started_at": None}
+
+
+def consent_changes(t: Transition) -> dict[str, Any]:
+    """The consent columns ``t`` sets, to absolute values (so every store agrees)."""
+    fresh_week = {"attempts": 0, "unknown_attempts": 0, "counters_week": None,
+                  "pending_items": None}
+    common = {**RELEASED, "updated_at": t.at}
+    match t:
+        case Done():
+            return {**common, **fresh_week, "due_week": t.next_week,
+                    "last_scheduled_at": t.at, "week_result": WeekResult.DONE.value,
+                    "last_error": None}
+        case AlreadyTransferred():
+            return {**common, **fresh_week, "due_week": t.next_week,
+                    "week_result": t.week_result.value, "last_error": t.error}
+        case DeadLetter():
+            return {**common, **fresh_week, "due_week": t.next_week,
+                    "week_result": t.why.value, "last_error": t.error}
+        case DeadAsset():
+            return {**common, "status": "dead", "pending_items": None,
+                    "week_result": WeekResult.DEAD_ASSET.value, "last_error": t.error}
+        case RetryLater() | Unknown():
+            return {**common, "attempts": t.attempts, "unknown_attempts": t.unknown_attempts,
+                    "counters_week": t.week, "not_before": t.not_before,
+                    "week_result": t.week_result.value, "last_error": t.error,
+                    "pending_items": _progress(t.progress)}
+        case NotAttempted():
+            return {**common, "pending_items": _progress(t.progress)}
+
+
+def token_changes(t: TokenRefreshed) -> dict[str, Any]:
+    """The token columns a refreshed pair sets (a pair without a refresh token keeps it)."""
+    out = {"access_token": t.access_token}
+    if t.refresh_token is not None:
+        out["refresh_token"] = t.refresh_token
+    return out
+
+
+def outcome_row(t: Transition, *, run_id: str, day: date) -> dict[str, Any]:
+    """The ``call_outcomes`` row of one refresh (written whoever holds the lease now)."""
+    g = t.log
+    return {"run_id": run_id, "consent_id": g.consent_id, "org_code": g.org_code, "day": day,
+            "tran_id": g.tran_id, "kind": g.kind, "action": t.step.value,
+            "rsp_code": g.rsp_code, "calls": g.calls, "elapsed_ms": g.elapsed_ms, "at": g.at}
+
+
+def dead_letter_row(t: DeadLetter) -> dict[str, Any]:
+    return {"consent_id": t.consent_id, "org_code": t.org_code, "week_start": t.week,
+            "attempts": t.attempts, "last_error": t.error, "entered_at": t.at,
+            "requeued_at": None}
+
+
+def dead_asset_rows(t: Transition) -> list[dict[str, Any]]:
+    return [{"consent_id": t.consent_id, "item_id": i, "since": t.at}
+            for i in sorted(set(t.log.dead_items))]
+
+
+def _progress(p: Progress | None) -> str | None:
+    return p.to_json() if p is not None else None
+
+
 @dataclass(frozen=True, slots=True)
-class Record:
-    """One finished refresh, ready to write."""
+class Batch:
+    """One write, sorted for the store: what changes on which held consent."""
 
-    consent_id: int
-    org_code: str
-    action: str            # outcomes.Action value, or 'dead_letter'
-    kind: str
-    rsp_code: str | None
-    tran_id: str | None
-    calls: int
-    elapsed_ms: int
-    error: str | None
-    at: datetime
-    #: set for DONE/DONE_FOR_WEEK/dead letters: the week after the one done
-    next_due_week: date | None = None
-    #: for RETRY_LATER/UNKNOWN: not before this time
-    not_before: datetime | None = None
-    week_result: str | None = None
-    pending_items: str | None = None
-    count_attempt: bool = True
-    count_unknown: bool = False
-    dead_letter: bool = False
-    attempts_total: int = 0
-    week_start: date | None = None
-    new_access_token: str | None = field(default=None, repr=False)
-    new_refresh_token: str | None = field(default=None, repr=False)
+    transitions: tuple[Transition, ...]
+    tokens: tuple[TokenRefreshed, ...]
+
+    @classmethod
+    def of(cls, changes: Iterable[Change]) -> Batch:
+        ts: list[Transition] = []
+        toks: list[TokenRefreshed] = []
+        for ch in changes:
+            if isinstance(ch, TokenRefreshed):
+                toks.append(ch)
+            else:
+                ts.append(ch)
+        return cls(tuple(ts), tuple(toks))
+
+    def held(self, leased: set[int]) -> list[Transition]:
+        """The transitions whose consent is still leased by us (the only ones applied)."""
+        return [t for t in self.transitions if t.consent_id in leased]
+
+    def ids(self) -> list[int]:
+        return sorted({t.consent_id for t in self.transitions})
 
 
-async def write_records(
-    engine: AsyncEngine, records: Sequence[Record], *, run_id: str, worker: str, day: date
-) -> None:
-    """Write a batch of outcomes in one transaction: consent state, outcome log, dead letters.
+def by_kind(ts: Iterable[Transition]) -> dict[type, list[Transition]]:
+    """Transitions grouped by kind, in a fixed order (one statement each)."""
+    groups: dict[type, list[Transition]] = defaultdict(list)
+    for t in ts:
+        groups[type(t)].append(t)
+    return dict(sorted(groups.items(), key=lambda kv: kv[0].__name__))
 
-    Only rows still leased by ``worker`` are changed, so a late write from a worker whose
-    lease expired cannot overwrite the newer owner's state.
-    """
-    if not records:
+
+async def apply(engine: AsyncEngine, changes: Sequence[Change], *, run_id: str, worker: str,
+                day: date) -> None:
+    """Apply a batch in one transaction: consent rows (one lease-guarded statement per
+    kind: only rows still leased by ``worker``), tokens, dead assets, dead letters and the
+    outcome log. A late write from a worker whose lease expired changes no consent."""
+    if not changes:
         return
+    batch = Batch.of(changes)
     c = consents.c
     async with transaction(engine) as conn:
-        done = [r for r in records if r.next_due_week is not None]
-        if done:
-            await conn.execute(
-                update(consents)
-                .where(c.id == bindparam("b_id"), c.lease_owner == worker)
-                .values(
-                    due_week=bindparam("b_due"),
-                    last_scheduled_at=func.coalesce(bindparam("b_last", type_=UTCDateTime),
-                                                    c.last_scheduled_at),
-                    attempts=0, unknown_attempts=0, week_result=bindparam("b_result"),
-                    pending_items=None,
-                    last_error=bindparam("b_err"), lease_owner=None, lease_until=None,
-                    updated_at=bindparam("b_at"),
-                ),
-                [
-                    {"b_id": r.consent_id, "b_due": r.next_due_week,
-                     "b_last": r.at if r.action == "done" else None,
-                     "b_result": r.week_result, "b_err": r.error, "b_at": r.at}
-                    for r in done
-                ],
-            )
-        dead = [r for r in records if r.action == "dead_asset"]
-        if dead:
-            await conn.execute(
-                update(consents)
-                .where(c.id == bindparam("b_id"), c.lease_owner == worker)
-                .values(status="dead", week_result="dead_asset", last_error=bindparam("b_err"),
-                        pending_items=None,
-                        lease_owner=None, lease_until=None, updated_at=bindparam("b_at")),
-                [{"b_id": r.consent_id, "b_err": r.error, "b_at": r.at} for r in dead],
-            )
-        later = [r for r in records if r.next_due_week is None and r.action != "dead_asset"]
-        if later:
-            await conn.execute(
-                update(consents)
-                .where(c.id == bindparam("b_id"), c.lease_owner == worker)
-                .values(
-                    attempts=c.attempts + bindparam("b_inc", type_=Integer),
-                    unknown_attempts=c.unknown_attempts + bindparam("b_uinc", type_=Integer),
-                    not_before=func.coalesce(bindparam("b_nb", type_=UTCDateTime),
-                                             c.not_before),
-                    week_result=func.coalesce(bindparam("b_result", type_=String),
-                                              c.week_result),
-                    last_error=func.coalesce(bindparam("b_err", type_=String), c.last_error),
-                    pending_items=bindparam("b_pending", type_=String),
-                    lease_owner=None, lease_until=None, updated_at=bindparam("b_at"),
-                ),
-                [
-                    {"b_id": r.consent_id, "b_inc": int(r.count_attempt),
-                     "b_uinc": int(r.count_unknown), "b_nb": r.not_before,
-                     "b_result": r.week_result, "b_err": r.error, "b_at": r.at,
-                     "b_pending": r.pending_items}
-                    for r in later
-                ],
-            )
-        tokens = [r for r in records if r.new_access_token is not None]
-        if tokens:
-            await conn.execute(
-                update(consents).where(c.id == bindparam("b_id")).values(
-                    access_token=bindparam("b_tok"),
-                    refresh_token=func.coalesce(bindparam("b_rtok", type_=String),
-                                                c.refresh_token),
-                ),
-                [{"b_id": r.consent_id, "b_tok": r.new_access_token,
-                  "b_rtok": r.new_refresh_token} for r in tokens],
-            )
-        letters = [r for r in records if r.dead_letter]
+        leased: set[int] = set()
+        ids = batch.ids()
+        for i in range(0, len(ids), 5000):
+            q = select(c.id).where(c.id.in_(ids[i:i + 5000]), c.lease_owner == worker)
+            if conn.dialect.name == "postgresql":
+                q = q.with_for_update()
+            leased.update(int(x) for x in (await conn.execute(q)).scalars())
+        held = batch.held(leased)
+        assets = [row for t in held for row in dead_asset_rows(t)]
+        if assets:
+            await conn.execute(text(
+                "INSERT INTO dead_assets (consent_id, item_id, since) "
+                "VALUES (:consent_id, :item_id, :since) "
+                "ON CONFLICT (consent_id, item_id) DO NOTHING"
+            ).bindparams(bindparam("since", type_=UTCDateTime)), assets)
+        for ts in by_kind(held).values():
+            await _update_each(conn, [(t.consent_id, consent_changes(t)) for t in ts],
+                               worker=worker)
+        if batch.tokens:
+            await _update_each(conn, [(t.consent_id, token_changes(t)) for t in batch.tokens],
+                               worker=None)
+        letters = [dead_letter_row(t) for t in held if isinstance(t, DeadLetter)]
         if letters:
-            await conn.execute(insert(dead_letters), [
-                {"consent_id": r.consent_id, "org_code": r.org_code,
-                 "week_start": r.week_start or day, "attempts": r.attempts_total,
-                 "last_error": r.error, "entered_at": r.at}
-                for r in letters
-            ])
-        await conn.execute(insert(call_outcomes), [
-            {"run_id": run_id, "consent_id": r.consent_id, "org_code": r.org_code, "day": day,
-             "tran_id": r.tran_id, "kind": r.kind, "action": r.action, "rsp_code": r.rsp_code,
-             "calls": r.calls, "elapsed_ms": r.elapsed_ms, "at": r.at}
-            for r in records
-        ])
+            await conn.execute(insert(dead_letters), letters)
+        if batch.transitions:
+            await conn.execute(insert(call_outcomes), [
+                outcome_row(t, run_id=run_id, day=day) for t in batch.transitions])
+
+
+async def save_token(engine: AsyncEngine, t: TokenRefreshed) -> None:
+    """Store a refreshed token pair now, in its own small transaction (before the retry)."""
+    async with transaction(engine) as conn:
+        await _update_each(conn, [(t.consent_id, token_changes(t))], worker=None)
+
+
+async def _update_each(conn: AsyncConnection, rows: Sequence[tuple[int, dict[str, Any]]],
+                       *, worker: str | None) -> None:
+    """One executemany per set of columns; guarded by the lease when ``worker`` is given."""
+    shapes: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+    for cid, values in rows:
+        shapes[tuple(sorted(values))].append(
+            {"b_id": cid, **{f"b_{k}": v for k, v in values.items()}})
+    c = consents.c
+    for cols, params in shapes.items():
+        stmt = update(consents).where(c.id == bindparam("b_id"))
+        if worker is not None:
+            stmt = stmt.where(c.lease_owner == worker)
+        await conn.execute(stmt.values({k: bindparam(f"b_{k}") for k in cols}), params)
 
 
 async def attempted_today(engine: AsyncEngine, *, day: date) -> dict[str, int]:
-    """Refreshes already attempted today per provider (a restarted run resumes from here)."""
+    """Consents already attempted today per provider (a restarted run resumes from here).
+
+    Distinct consents, as the planner counts them: a consent retried today is one."""
+    co = call_outcomes.c
     async with engine.connect() as conn:
         rows = (await conn.execute(
-            select(call_outcomes.c.org_code, func.count())
-            .where(call_outcomes.c.day == day, call_outcomes.c.action != "not_attempted")
-            .group_by(call_outcomes.c.org_code)
+            select(co.org_code, func.count(func.distinct(co.consent_id)))
+            .where(co.day == day, co.action != Step.NOT_ATTEMPTED.value)
+            .group_by(co.org_code)
         )).all()
     return {str(org).strip(): int(n) for org, n in rows}
 
 
 class WorkStore(Protocol):
-    """What the dispatcher needs from the database (an in-memory twin serves unit tests)."""
+    """What the dispatcher needs from the database (an in-memory twin serves unit tests).
+
+    The contract (tests/db/test_lifecycle_contract.py runs it on every store): ``apply``
+    writes a batch in one transaction; each transition's consent changes
+    (:func:`consent_changes`) only if the consent is still leased by ``worker``; dead items
+    and dead letters likewise; every transition's outcome row; token pairs always.
+    """
 
     async def claim(self, org_code: str, *, worker: str, week: date, now: datetime,
                     limit: int, after: Cursor = START,
@@ -349,12 +456,16 @@ class WorkStore(Protocol):
 
     async def extend(self, ids: Sequence[int], *, worker: str, until: datetime) -> int: ...
 
-    async def write(self, records: Sequence[Record], *, run_id: str, worker: str,
+    async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime) -> int: ...
+
+    async def apply(self, changes: Sequence[Change], *, run_id: str, worker: str,
                     day: date) -> None: ...
+
+    async def save_token(self, t: TokenRefreshed) -> None: ...
 
 
 class SqlWorkStore:
-    """The real store: the functions above over one engine."""
+    """The real store (SQLite or PostgreSQL): the functions above over one engine."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -371,6 +482,12 @@ class SqlWorkStore:
     async def extend(self, ids: Sequence[int], *, worker: str, until: datetime) -> int:
         return await extend(self.engine, ids, worker=worker, until=until)
 
-    async def write(self, records: Sequence[Record], *, run_id: str, worker: str,
+    async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime) -> int:
+        return await mark_started(self.engine, ids, worker=worker, at=at)
+
+    async def apply(self, changes: Sequence[Change], *, run_id: str, worker: str,
                     day: date) -> None:
-        await write_records(self.engine, records, run_id=run_id, worker=worker, day=day)
+        await apply(self.engine, changes, run_id=run_id, worker=worker, day=day)
+
+    async def save_token(self, t: TokenRefreshed) -> None:
+        await save_token(self.engine, t)

@@ -2,7 +2,11 @@
 starting each 100 ms slice's refreshes as detached tasks, at the planned rate.
 
 The producer fetches just ahead of the consumer (a couple of seconds of work, never a whole
-minute) over a bounded asyncio queue. The consumer ticks on absolute deadlines, so a late
+minute) into a queue kept at that size. Ahead of the starts, in the background, the
+consumer keeps about the coming second of the queue's head marked started (one statement
+per half second or so), and starts only marked claims: after a crash, a claim that may have
+been called is never taken for an uncalled one, and a claim that only sat in the queue is
+plainly due again, not an unknown outcome. The consumer ticks on absolute deadlines, so a late
 tick never shifts the ones after it; lateness is measured per tick. A slow refresh never
 delays a tick: each runs in its own task.
 """
@@ -12,21 +16,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
+from itertools import islice
 
 from batch.client import RefreshResult
 from batch.clock import KST, Clock
 from batch.db import work
 from batch.dispatch.pacing import SLICE_SECONDS, SLICES_PER_MINUTE, minute_target, slice_counts
-from batch.dispatch.policy import RetryPolicy, decide, give_up_unknown
+from batch.dispatch.policy import RetryPolicy
 from batch.dispatch.stats import MinuteRecord, ProviderStats
 from batch.dispatch.writer import OutcomeWriter
 from batch.errors import describe
+from batch.lifecycle import DeadLetter, NotAttempted, admit, decide, unsaved_tokens
 from batch.resilience.outcomes import Kind, Outcome
 
 log = logging.getLogger("mydata.dispatch")
+
+#: how far ahead of the starts the queue's head is kept marked started
+MARK_AHEAD_SECONDS = 1.0
 
 #: refresh(claim, not_after): not_after is the monotonic time no call may start after
 RefreshFn = Callable[[work.Claim, float | None], Awaitable[RefreshResult]]
@@ -96,7 +106,9 @@ class ProviderDispatcher:
         self._breaker_open = breaker_open
         self._breaker_state = breaker_state
         self.stats = ProviderStats(org_code, day_quota=quota, attempted_before=attempted_before)
-        self._queue: asyncio.Queue[work.Claim] = asyncio.Queue()
+        self._queue: deque[work.Claim] = deque()
+        self._marked = 0  # the queue's first claims already marked started
+        self._marking: asyncio.Task[None] | None = None  # the start mark in flight
         self._tasks: set[asyncio.Task[None]] = set()
         self._held: set[int] = set()  # claims queued or in flight: ours, lease renewed
         self._rate = 0.0  # refreshes per second in the current minute, for the producer
@@ -112,7 +124,7 @@ class ProviderDispatcher:
         return max(0, self.stats.day_quota - self.stats.attempted_before - self.stats.started)
 
     def _to_claim(self) -> int:
-        return max(0, self.remaining - self._queue.qsize())
+        return max(0, self.remaining - len(self._queue))
 
     # -- producer ----------------------------------------------------------------------
 
@@ -124,7 +136,7 @@ class ProviderDispatcher:
         while not stop.is_set() and self._claiming:
             now_m = self._clock.monotonic()
             buffer = math.ceil(self._rate * self._settings.lookahead_seconds) + 1
-            want = min(buffer - self._queue.qsize(), self._to_claim(), self._settings.max_claim)
+            want = min(buffer - len(self._queue), self._to_claim(), self._settings.max_claim)
             if want > 0 and now_m >= idle_until and self._writer.healthy:
                 try:
                     got = await self._claim(cursor, want)
@@ -139,13 +151,13 @@ class ProviderDispatcher:
                         cursor = c.cursor
                         if c.id in self._held:
                             continue  # still ours (a lease renewal raced the scan)
-                        if c.unknown_attempts >= 2:
-                            self._writer.add(give_up_unknown(c, week=self._week,
-                                                             now=self._clock.now()))
+                        given_up = admit(c, week=self._week, now=self._clock.now())
+                        if given_up is not None:
+                            self._writer.add(given_up)
                             self.stats.dead_lettered += 1
                             continue
                         self._held.add(c.id)
-                        self._queue.put_nowait(c)
+                        self._queue.append(c)
                 except Exception as exc:  # the database may come back; keep the day going
                     self.stats.claim_errors += 1
                     log.warning("claim failed", extra={
@@ -225,6 +237,7 @@ class ProviderDispatcher:
             self._rate = n / (usable * SLICE_SECONDS)
             self._nudge.set()
             counts = slice_counts(n, usable)
+            self._mark_soon()
             owed = 0
             started = 0
             for k, cnt in enumerate(counts):
@@ -234,6 +247,7 @@ class ProviderDispatcher:
                 if stop.is_set():
                     break
                 owed += cnt
+                self._mark_soon(owed)
                 if not owed:
                     continue
                 if self._breaker_open():
@@ -241,8 +255,11 @@ class ProviderDispatcher:
                     self.stats.skipped_breaker_open += owed
                     owed = 0
                     continue
-                while owed and not self._queue.empty():
-                    self._start(self._queue.get_nowait(), not_after)
+                while owed and self._queue:
+                    if not self._marked and not await self._marked_now(owed):
+                        break
+                    self._marked -= 1
+                    self._start(self._queue.popleft(), not_after)
                     owed -= 1
                     started += 1
                 self.stats.minute_started = started
@@ -260,6 +277,37 @@ class ProviderDispatcher:
             except TimeoutError:
                 pass
         return stop.is_set()
+
+    def _mark_soon(self, owed: int = 0) -> None:
+        """Below half a second of marked claims, mark the next second's in the background."""
+        want = math.ceil(self._rate * MARK_AHEAD_SECONDS / 2) + owed
+        if self._marking is not None or self._marked > want or self._marked >= len(self._queue):
+            return
+        n = 2 * want + 1
+        ids = [c.id for c in islice(self._queue, self._marked, self._marked + n)]
+        self._marking = asyncio.create_task(self._mark(ids), name=f"mark-{self.org_code}")
+
+    async def _mark(self, ids: list[int]) -> None:
+        try:
+            await self._store.mark_started(ids, worker=self._settings.worker_id,
+                                           at=self._clock.now())
+        except Exception as exc:
+            self.stats.claim_errors += 1
+            log.warning("start mark failed; those claims wait", extra={
+                "action": "mark_failed", "org_code": self.org_code, "error": describe(exc)})
+        else:
+            # Starts take only marked claims, so these still follow the marked ones.
+            self._marked += len(ids)
+        finally:
+            self._marking = None
+
+    async def _marked_now(self, owed: int) -> bool:
+        """Wait for a start mark (rare: the background one keeps ahead); False if none."""
+        self._mark_soon(owed)
+        task = self._marking
+        if task is not None:
+            await asyncio.shield(task)
+        return self._marked > 0
 
     def _start(self, claim: work.Claim, not_after: float | None) -> None:
         self.stats.started += 1
@@ -289,19 +337,21 @@ class ProviderDispatcher:
         self._finish(claim, result)
 
     def _finish(self, claim: work.Claim, result: RefreshResult) -> None:
-        record = decide(claim, result, week=self._week, now=self._clock.now(),
-                        policy=self._policy)
-        self._writer.add(record)  # still held (and its lease renewed) until written
+        t = decide(claim, result, week=self._week, now=self._clock.now(), policy=self._policy)
+        self._writer.add(t)  # still held (and its lease renewed) until written
+        tokens = unsaved_tokens(claim, result)
+        if tokens is not None:
+            self._writer.add(tokens)
         s = self.stats
         s.in_flight -= 1
         s.calls += result.calls
-        s.by_action[record.action] += 1
-        s.by_kind[record.kind] += 1
-        if record.rsp_code:
-            s.by_code[record.rsp_code] += 1
-        if record.dead_letter:
+        s.by_action[t.step.value] += 1
+        s.by_kind[t.log.kind] += 1
+        if t.log.rsp_code:
+            s.by_code[t.log.rsp_code] += 1
+        if isinstance(t, DeadLetter):
             s.dead_lettered += 1
-        if record.action == "not_attempted":
+        if isinstance(t, NotAttempted):
             s.started -= 1  # it never reached the provider: it is still to do
         s.last_finish = self._clock.monotonic()
         s.breaker_state = self._breaker_state()
@@ -332,6 +382,8 @@ class ProviderDispatcher:
             # Let the producer finish its current claim rather than cancel it mid-transaction.
             self._claiming = False
             self._nudge.set()
+            if self._marking is not None:
+                await asyncio.gather(self._marking, return_exceptions=True)
             try:
                 async with self._clock.timeout(60):
                     await asyncio.shield(producer)
@@ -340,9 +392,9 @@ class ProviderDispatcher:
                 await asyncio.gather(producer, return_exceptions=True)
             await self._drain(grace if stop.is_set() else None)
             self.stats.breaker_state = self._breaker_state()
-            leftovers: list[int] = []
-            while not self._queue.empty():
-                leftovers.append(self._queue.get_nowait().id)
+            leftovers = [c.id for c in self._queue]
+            self._queue.clear()
+            self._marked = 0
             self._held.difference_update(leftovers)
         if leftovers:
             try:

@@ -42,6 +42,7 @@ from batch.dispatch.provider import DispatchSettings, ProviderDispatcher
 from batch.dispatch.summary import ProviderSummary, RunSummary, format_summary
 from batch.dispatch.writer import OutcomeWriter
 from batch.errors import InputError, describe
+from batch.lifecycle import TokenRefreshed
 from batch.observe.session import Observability, ObserveOptions
 from batch.planner import (
     DayPlan,
@@ -248,9 +249,11 @@ def build_pieces(inputs: RunInputs, plans: DayPlans, options: RunOptions, *,
         chains[p.org_code] = chain
         client = MydataClient(p, http=http, chain=chain, tran_ids=tran_ids, clock=clock,
                               page_limit=options.page_limit)
-        policy_by_org[p.org_code] = RetryPolicy(max_attempts=p.max_attempts_per_week)
+        policy_by_org[p.org_code] = RetryPolicy(max_attempts=p.max_attempts_per_week,
+                                                windows=tuple(p.windows))
         dispatchers.append(ProviderDispatcher(
-            p.org_code, store=store, refresh=_refresher(client), writer=writer, clock=clock,
+            p.org_code, store=store, refresh=_refresher(client, store),
+            writer=writer, clock=clock,
             settings=DispatchSettings(worker_id=options.worker_id, lease=options.lease),
             policy=policy_by_org[p.org_code], day=today, week=week, quota=quota,
             minutes=minutes, per_minute_cap=cap, window_minutes=open_minutes,
@@ -387,11 +390,15 @@ async def run_day(
     return RunResult(summary, summary.exit_code)
 
 
-def _refresher(client: MydataClient) -> Callable[[work.Claim, float | None], Any]:
+def _refresher(client: MydataClient, store: work.WorkStore
+               ) -> Callable[[work.Claim, float | None], Any]:
     async def refresh(claim: work.Claim, not_after: float | None) -> RefreshResult:
+        async def save(access: str, refresh_token: str | None) -> None:
+            await store.save_token(TokenRefreshed(claim.id, access, refresh_token))
         return await client.refresh(access_token=claim.access_token,
                                     refresh_token=claim.refresh_token,
-                                    pending_items=claim.pending_items, not_after=not_after)
+                                    progress=claim.progress, dead_items=claim.dead_items,
+                                    not_after=not_after, on_token=save)
     return refresh
 
 

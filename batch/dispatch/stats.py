@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batch.dispatch.pacing import SLICE_SECONDS, percentile
+from batch.lifecycle import Step
 
 
 @dataclass(slots=True)
@@ -26,6 +27,7 @@ class ProviderStats:
     started: int = 0
     in_flight: int = 0
     calls: int = 0
+    #: transitions by :class:`batch.lifecycle.Step` value
     by_action: Counter[str] = field(default_factory=Counter)
     by_kind: Counter[str] = field(default_factory=Counter)
     by_code: Counter[str] = field(default_factory=Counter)
@@ -48,19 +50,22 @@ class ProviderStats:
 
     @property
     def attempted(self) -> int:
-        return sum(self.by_action.values()) - self.by_action.get("not_attempted", 0)
+        return sum(self.by_action.values()) - self._count(Step.NOT_ATTEMPTED)
 
     @property
     def succeeded(self) -> int:
-        return self.by_action.get("done", 0)
+        return self._count(Step.DONE)
+
+    def _count(self, step: Step) -> int:
+        return self.by_action.get(step.value, 0)
 
     def summary(self) -> dict[str, Any]:
         late = sorted(self.lateness)
         active = ((self.last_finish - self.first_start)
                   if self.first_start is not None and self.last_finish is not None else 0.0)
         attempted = self.attempted
-        benign = (self.by_action.get("done", 0) + self.by_action.get("done_for_week", 0)
-                  + self.by_action.get("dead_asset", 0))
+        benign = (self._count(Step.DONE) + self._count(Step.DONE_FOR_WEEK)
+                  + self._count(Step.DEAD_ASSET))
         remaining = max(0, self.day_quota - self.attempted_before - attempted)
         planned_sum = sum(m.planned for m in self.minutes)
         err = sum(abs(m.planned - m.started) for m in self.minutes)
@@ -70,11 +75,11 @@ class ProviderStats:
             "attempted_before_run": self.attempted_before,
             "attempted": attempted,
             "succeeded": self.succeeded,
-            "already_transferred": self.by_action.get("done_for_week", 0),
-            "dead_assets": self.by_action.get("dead_asset", 0),
+            "already_transferred": self._count(Step.DONE_FOR_WEEK),
+            "dead_assets": self._count(Step.DEAD_ASSET),
             "failed": attempted - benign,
             "deferred": remaining,
-            "not_attempted": self.by_action.get("not_attempted", 0),
+            "not_attempted": self._count(Step.NOT_ATTEMPTED),
             "dead_lettered": self.dead_lettered,
             "by_outcome": dict(sorted(self.by_kind.items())),
             "by_action": dict(sorted(self.by_action.items())),

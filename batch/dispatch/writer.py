@@ -12,14 +12,16 @@ from collections.abc import Callable
 from datetime import date
 
 from batch.clock import Clock
-from batch.db.work import Record, WorkStore
+from batch.db.work import WorkStore
 from batch.errors import describe
+from batch.lifecycle import Change, TokenRefreshed
 
 log = logging.getLogger("mydata.writer")
 
 
 class OutcomeWriter:
-    """Collects :class:`Record` objects and writes them every ``interval`` or ``max_batch``."""
+    """Collects lifecycle changes (transitions, unsaved token pairs) and applies them every
+    ``interval`` or ``max_batch``."""
 
     def __init__(
         self,
@@ -39,7 +41,7 @@ class OutcomeWriter:
         self._clock = clock
         self._interval = interval
         self._max_batch = max_batch
-        self._buffer: list[Record] = []
+        self._buffer: list[Change] = []
         #: per provider, called with each consent id once its outcome is durably written
         self._watchers: dict[str, Callable[[int], None]] = {}
         self._wake = asyncio.Event()
@@ -59,8 +61,8 @@ class OutcomeWriter:
     def pending(self) -> int:
         return len(self._buffer)
 
-    def add(self, record: Record) -> None:
-        self._buffer.append(record)
+    def add(self, change: Change) -> None:
+        self._buffer.append(change)
         if len(self._buffer) >= self._max_batch:
             self._wake.set()
 
@@ -69,7 +71,7 @@ class OutcomeWriter:
         while self._buffer:
             batch = self._buffer[: self._max_batch]
             try:
-                await self._store.write(batch, run_id=self._run_id, worker=self._worker,
+                await self._store.apply(batch, run_id=self._run_id, worker=self._worker,
                                         day=self._day)
             except Exception as exc:  # the DB being down must not lose outcomes
                 self.failures += 1
@@ -84,6 +86,8 @@ class OutcomeWriter:
             self.healthy = True
             if self._watchers:
                 for r in batch:
+                    if isinstance(r, TokenRefreshed):
+                        continue
                     watcher = self._watchers.get(r.org_code)
                     if watcher is not None:
                         watcher(r.consent_id)

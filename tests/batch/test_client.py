@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
-from batch.client import MydataClient, make_http_client
+from batch.client import MydataClient, Progress, make_http_client
 from batch.clock import FakeClock
 from batch.config import parse_institutions
 from batch.resilience.outcomes import Kind, Layer, Outcome
@@ -38,7 +38,8 @@ Handler = Callable[[httpx.Request], httpx.Response]
 
 def fleet(items: int = 3, *, expired: frozenset[str] = frozenset(),
           dead: frozenset[str] = frozenset(),
-          fail_detail: frozenset[str] = frozenset()) -> tuple[Handler, list[httpx.Request]]:
+          fail_detail: frozenset[str] = frozenset(),
+          fail_page: frozenset[str] = frozenset()) -> tuple[Handler, list[httpx.Request]]:
     seen: list[httpx.Request] = []
 
     def handle(request: httpx.Request) -> httpx.Response:
@@ -53,6 +54,8 @@ def fleet(items: int = 3, *, expired: frozenset[str] = frozenset(),
             return httpx.Response(401, json={"rsp_code": "40101", "rsp_msg": "expired"},
                                   headers=echo)
         if request.url.path == "/v1/bank/accounts":
+            if request.url.params.get("next_page", "") in fail_page:  # "": page 1
+                return httpx.Response(500, json={"rsp_code": "50001"}, headers=echo)
             page = int(request.url.params.get("next_page", "0"))
             limit = int(request.url.params["limit"])
             ids = [f"A{i}" for i in range(items)][page:page + limit]
@@ -124,12 +127,12 @@ async def test_a_failed_detail_keeps_the_rest_and_a_resume_skips_the_list() -> N
     handler, seen = fleet(items=3, fail_detail=frozenset({"A1"}))
     c, http = client(handler)
     res = await c.refresh(access_token="t", refresh_token=None)
-    assert res.outcome.kind is Kind.FAULT and res.pending_items == ("A1", "A2")
+    assert res.outcome.kind is Kind.FAULT and res.progress == Progress(("A1", "A2"))
     seen.clear()
     handler2, seen2 = fleet(items=3)
     c2, http2 = client(handler2)
     again = await c2.refresh(access_token="t", refresh_token=None,
-                             pending_items=res.pending_items)
+                             progress=res.progress)
     await http.aclose()
     await http2.aclose()
     assert again.outcome.kind is Kind.SUCCESS
@@ -141,7 +144,7 @@ async def test_a_dead_asset_is_skipped_and_the_consent_still_succeeds() -> None:
     c, http = client(handler)
     res = await c.refresh(access_token="t", refresh_token=None)
     await http.aclose()
-    assert res.outcome.kind is Kind.SUCCESS and res.dead_items == 1
+    assert res.outcome.kind is Kind.SUCCESS and res.dead_items == ("A0",)
 
 
 async def test_no_call_starts_once_the_window_has_closed() -> None:
@@ -152,3 +155,68 @@ async def test_no_call_starts_once_the_window_has_closed() -> None:
     await http.aclose()
     assert res.outcome.kind is Kind.REJECTED and res.outcome.layer is Layer.WINDOW
     assert seen == [] and res.calls == 0
+
+
+async def test_a_list_failing_after_page_1_resumes_at_its_cursor_never_at_page_1() -> None:
+    handler, _ = fleet(items=5, fail_page=frozenset({"2"}))
+    c, http = client(handler, page_limit=2)
+    res = await c.refresh(access_token="t", refresh_token=None)
+    assert res.outcome.kind is Kind.FAULT
+    assert res.progress == Progress(("A0", "A1"), next_page="2")
+    handler2, seen2 = fleet(items=5)
+    c2, http2 = client(handler2, page_limit=2)
+    again = await c2.refresh(access_token="t", refresh_token=None, progress=res.progress)
+    await http.aclose()
+    await http2.aclose()
+    assert again.outcome.kind is Kind.SUCCESS and again.items == 5
+    pages = [r.url.params.get("next_page") for r in seen2 if r.url.path == "/v1/bank/accounts"]
+    assert pages == ["2", "4"]  # page 1 is never asked for again
+    details = [json.loads(r.content)["account_num"] for r in seen2 if r.method == "POST"]
+    assert details == ["A0", "A1", "A2", "A3", "A4"]
+
+
+async def test_a_failing_page_1_leaves_nothing_to_resume() -> None:
+    handler, _ = fleet(items=5, fail_page=frozenset({""}))
+    c, http = client(handler, page_limit=2)
+    res = await c.refresh(access_token="t", refresh_token=None)
+    await http.aclose()
+    assert res.outcome.kind is Kind.FAULT and res.progress is None
+
+
+async def test_a_dead_asset_recorded_on_its_detail_call_is_never_called_again() -> None:
+    handler, seen = fleet(items=3)
+    c, http = client(handler)
+    res = await c.refresh(access_token="t", refresh_token=None, dead_items=frozenset({"A1"}))
+    await http.aclose()
+    assert res.outcome.kind is Kind.SUCCESS and res.items == 3
+    assert [json.loads(r.content)["account_num"] for r in seen if r.method == "POST"] == [
+        "A0", "A2"]
+
+
+async def test_a_refreshed_token_is_saved_before_the_retried_call() -> None:
+    handler, seen = fleet(items=1, expired=frozenset({"tok-OLD-123"}))
+    c, http = client(handler)
+    saved: list[tuple[str, str | None, int]] = []
+
+    async def save(access: str, refresh: str | None) -> None:
+        saved.append((access, refresh, len(seen)))
+
+    res = await c.refresh(access_token="tok-OLD-123", refresh_token="r1", on_token=save)
+    await http.aclose()
+    assert res.outcome.kind is Kind.SUCCESS
+    # saved after the token call (2 requests so far), before the retried list call
+    assert saved == [("tok-NEW-456", "r2", 2)]
+    assert res.new_access_token is None  # saved: nothing left for the caller to store
+
+
+async def test_a_token_pair_that_could_not_be_saved_comes_back_in_the_result() -> None:
+    handler, _ = fleet(items=1, expired=frozenset({"tok-OLD-123"}))
+    c, http = client(handler)
+
+    async def broken(access: str, refresh: str | None) -> None:
+        raise ConnectionError("database down")
+
+    res = await c.refresh(access_token="tok-OLD-123", refresh_token="r1", on_token=broken)
+    await http.aclose()
+    assert res.outcome.kind is Kind.SUCCESS
+    assert res.new_access_token == "tok-NEW-456" and res.new_refresh_token == "r2"

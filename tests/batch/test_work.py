@@ -6,6 +6,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.db import schema, work
+from batch.lifecycle import DeadAsset, Done, Refreshed, RetryLater, Transition, WeekResult
 
 NOW = datetime(2026, 11, 30, 1, 0, tzinfo=UTC)
 WEEK = date(2026, 11, 29)
@@ -39,10 +40,13 @@ async def test_claims_follow_the_keyset_and_never_hand_out_a_leased_consent(
     assert not any(c.stale for c in first + second + other)
 
 
-async def test_expired_lease_comes_back_marked_stale(engine: AsyncEngine) -> None:
+async def test_expired_lease_of_a_started_claim_comes_back_marked_stale(
+    engine: AsyncEngine,
+) -> None:
     await _seed(engine, 2)
-    await work.claim(engine, "BANK000001", worker="dead", week=WEEK, now=NOW, limit=2,
-                     lease=timedelta(seconds=30))
+    got = await work.claim(engine, "BANK000001", worker="dead", week=WEEK, now=NOW, limit=2,
+                           lease=timedelta(seconds=30))
+    await work.mark_started(engine, [c.id for c in got], worker="dead", at=NOW)
     none_yet = await work.claim(engine, "BANK000001", worker="w2", week=WEEK,
                                 now=NOW + timedelta(seconds=10), limit=2)
     assert none_yet == []
@@ -60,20 +64,19 @@ async def test_release_returns_claims_without_marking_them(engine: AsyncEngine) 
     assert len(again) == 3 and not any(c.stale for c in again)
 
 
-async def test_written_outcomes_move_the_consent_and_log_each_refresh(
+async def test_applied_transitions_move_the_consent_and_log_each_refresh(
     engine: AsyncEngine,
 ) -> None:
     await _seed(engine, 3)
     c = await work.claim(engine, "BANK000001", worker="w1", week=WEEK, now=NOW, limit=3)
     at = NOW + timedelta(seconds=1)
     nxt = WEEK + timedelta(days=7)
-    await work.write_records(engine, [
-        work.Record(c[0].id, "BANK000001", "done", "success", "00000", "T" * 25, 2, 5, None,
-                    at, next_due_week=nxt, week_result="done"),
-        work.Record(c[1].id, "BANK000001", "retry_later", "fault", "50001", "T" * 25, 1, 5,
-                    "50001", at, not_before=at + timedelta(minutes=10)),
-        work.Record(c[2].id, "BANK000001", "dead_asset", "consent", "40404", None, 1, 5,
-                    "40404", at),
+    await work.apply(engine, [
+        Done(_log(c[0].id, at, "success", "00000"), next_week=nxt),
+        RetryLater(_log(c[1].id, at, "fault", "50001"), week=WEEK, attempts=1,
+                   unknown_attempts=0, not_before=at + timedelta(minutes=10),
+                   week_result=WeekResult.RETRYING, error="fault 50001"),
+        DeadAsset(_log(c[2].id, at, "consent", "40404"), error="consent 40404"),
     ], run_id="r1", worker="w1", day=date(2026, 11, 30))
     async with engine.connect() as conn:
         rows = {r.user_id: r for r in (await conn.execute(select(schema.consents))).all()}
@@ -98,10 +101,35 @@ async def test_write_from_a_worker_that_lost_its_lease_changes_nothing(
                          lease=timedelta(seconds=5))
     await work.claim(engine, "BANK000001", worker="new", week=WEEK,
                      now=NOW + timedelta(seconds=6), limit=1)
-    await work.write_records(engine, [
-        work.Record(c[0].id, "BANK000001", "done", "success", "00000", None, 1, 1, None,
-                    NOW, next_due_week=WEEK + timedelta(days=7), week_result="done"),
+    await work.apply(engine, [
+        Done(_log(c[0].id, NOW, "success", "00000"), next_week=WEEK + timedelta(days=7)),
     ], run_id="r", worker="old", day=date(2026, 11, 30))
     async with engine.connect() as conn:
         row = (await conn.execute(select(schema.consents))).one()
     assert row.due_week == WEEK and row.lease_owner == "new"
+
+
+def _log(cid: int, at: datetime, kind: str, code: str) -> Refreshed:
+    return Refreshed(cid, "BANK000001", at, kind, code, "T" * 25, 1, 5)
+
+
+async def test_attempted_today_counts_distinct_consents_like_the_planner(
+    engine: AsyncEngine,
+) -> None:
+    await _seed(engine, 2)
+    day = date(2026, 11, 30)
+    for step in range(3):  # consent 1 fails twice, then succeeds; consent 2 once
+        at = NOW + timedelta(minutes=11 * step)
+        got = await work.claim(engine, "BANK000001", worker="w1", week=WEEK, now=at, limit=2)
+        changes: list[Transition] = []
+        for c in got:
+            if c.user_id == "u0" and step < 2:
+                changes.append(RetryLater(_log(c.id, at, "fault", "50001"), week=WEEK,
+                                          attempts=step + 1, unknown_attempts=0,
+                                          not_before=at + timedelta(minutes=10),
+                                          week_result=WeekResult.RETRYING, error="fault"))
+            else:
+                changes.append(Done(_log(c.id, at, "success", "00000"),
+                                    next_week=WEEK + timedelta(days=7)))
+        await work.apply(engine, changes, run_id="r", worker="w1", day=day)
+    assert await work.attempted_today(engine, day=day) == {"BANK000001": 2}

@@ -12,10 +12,11 @@ from typing import Any
 from batch.client import RefreshResult
 from batch.clock import KST, FakeClock
 from batch.db.memory import MemoryWorkStore
-from batch.db.work import Claim, Record
+from batch.db.work import Claim
 from batch.dispatch.policy import RetryPolicy
 from batch.dispatch.provider import DispatchSettings, ProviderDispatcher
 from batch.dispatch.writer import OutcomeWriter
+from batch.lifecycle import Change
 from batch.resilience.outcomes import Kind, Outcome
 
 DAY = date(2026, 11, 30)
@@ -37,11 +38,11 @@ class FlakyStore(MemoryWorkStore):
             raise TimeoutError()
         return await super().claim(org_code, **kw)
 
-    async def write(self, records: Sequence[Record], **kw: Any) -> None:
+    async def apply(self, changes: Sequence[Change], **kw: Any) -> None:
         if self.write_failures:
             self.write_failures -= 1
             raise TimeoutError()
-        await super().write(records, **kw)
+        await super().apply(changes, **kw)
 
 
 async def _run_day(store: FlakyStore, n: int) -> tuple[ProviderDispatcher, OutcomeWriter,
@@ -81,5 +82,5 @@ async def test_the_writer_survives_an_empty_message_timeout_and_writes_once_it_r
     assert writer.failures == 2
     assert writer.last_error == "TimeoutError"
     assert closed and writer.healthy
-    assert sorted(r.consent_id for r in store.outcomes) == sorted(store.consents)
+    assert sorted(r["consent_id"] for r in store.outcomes) == sorted(store.consents)
     assert d.stats.succeeded == 50

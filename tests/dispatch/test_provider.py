@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Sequence
 from datetime import date, datetime, timedelta
 
 from batch.client import RefreshResult
@@ -23,11 +24,12 @@ OK = Outcome(Kind.SUCCESS, "00000", 200)
 
 def _setup(n_consents: int, minutes: dict[int, int], *, quota: int | None = None,
            refresh: object = None, breaker_open: object = None,
-           start: datetime | None = None) -> tuple[FakeClock, MemoryWorkStore,
+           start: datetime | None = None, store: MemoryWorkStore | None = None,
+           ) -> tuple[FakeClock, MemoryWorkStore,
                                                    ProviderDispatcher, OutcomeWriter,
                                                    list[tuple[float, int]]]:
     clock = FakeClock(start or datetime(2026, 11, 30, 0, 59, 0, tzinfo=KST))
-    store = MemoryWorkStore()
+    store = store or MemoryWorkStore()
     store.add(ORG, n_consents, week=WEEK, not_before=clock.now() - timedelta(days=1))
     starts: list[tuple[float, int]] = []
 
@@ -149,12 +151,13 @@ async def test_outcomes_survive_a_database_outage_during_the_run() -> None:
 
 async def test_a_claim_lost_twice_to_unknown_outcomes_is_dead_lettered_not_called() -> None:
     clock, store, d, writer, starts = _setup(3, {60: 3})
-    store.consents[1].unknown_attempts = 1
-    store.consents[1].lease_owner = "crashed-worker"
-    store.consents[1].lease_until = clock.now() - timedelta(seconds=1)
+    lost = store.consents[1]
+    lost.unknown_attempts, lost.counters_week = 1, WEEK
+    lost.lease_owner, lost.started_at = "crashed-worker", clock.now() - timedelta(minutes=11)
+    lost.lease_until = clock.now() - timedelta(seconds=1)
     await _run(clock, d, writer, 130)
     assert 1 not in {cid for _, cid in starts}
-    assert [r.consent_id for r in store.dead_letters] == [1]
+    assert [r["consent_id"] for r in store.dead_letters] == [1]
 
 
 async def test_no_refresh_starts_in_the_windows_last_seconds_and_calls_stop_at_its_end() -> None:
@@ -220,3 +223,71 @@ async def test_a_consent_due_again_after_a_failure_is_claimed_again_the_same_day
     await _run(clock, d, writer, 300)
     assert len(seen) == 2 and seen[1] - seen[0] >= 30
     assert store.consents[1].due_week == WEEK + timedelta(days=7)
+
+
+class SlowMarkStore(MemoryWorkStore):
+    """The memory store, whose start marks take 250 ms (on the clock) and are counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marks: list[int] = []
+        self.clock: FakeClock | None = None
+
+    async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime) -> int:
+        self.marks.append(len(ids))
+        assert self.clock is not None
+        await self.clock.sleep(0.25)
+        return await super().mark_started(ids, worker=worker, at=at)
+
+
+async def test_a_claim_is_marked_started_before_its_call_and_a_queued_one_never_is() -> None:
+    store = SlowMarkStore()
+    unmarked_at_call: list[int] = []
+
+    async def check(claim: Claim, not_after: float | None) -> RefreshResult:
+        if store.consents[claim.id].started_at is None:
+            unmarked_at_call.append(claim.id)
+        return RefreshResult(OK, calls=1)
+
+    clock, _, d, writer, _ = _setup(6000, {60: 6000}, refresh=check, store=store)
+    store.clock = clock
+    stop = asyncio.Event()
+
+    async def stopper() -> None:
+        await clock.sleep(90)  # 30 s into the minute: half the claims still queued
+        stop.set()
+
+    stopping = asyncio.create_task(stopper())
+    await _run(clock, d, writer, 200, stop=stop)
+    await stopping
+    assert unmarked_at_call == []
+    assert len(store.outcomes) == 3600
+    # One statement marks about a second of starts (120/s here), not one per call.
+    assert len(store.marks) <= 3600 // 50 and sum(store.marks) >= 3600
+    # Released claims carry no start mark: after a crash they would be plainly due.
+    assert all(c.started_at is None for c in store.consents.values())
+
+
+async def test_a_consent_that_failed_four_times_last_week_is_not_dead_lettered_this_week(
+) -> None:
+    async def fault(claim: Claim, not_after: float | None) -> RefreshResult:
+        return RefreshResult(Outcome(Kind.FAULT, "50001", 500, retryable=True), calls=1)
+
+    clock, store, d, writer, _ = _setup(1, {60: 1}, refresh=fault)
+    c = store.consents[1]
+    c.due_week, c.attempts, c.counters_week = WEEK - timedelta(days=7), 4, WEEK - timedelta(days=7)
+    await _run(clock, d, writer, 130)
+    assert store.dead_letters == []
+    assert (c.attempts, c.counters_week, c.week_result) == (1, WEEK, "retrying")
+
+
+async def test_a_token_pair_the_client_could_not_save_is_written_with_the_outcome() -> None:
+    async def rotated(claim: Claim, not_after: float | None) -> RefreshResult:
+        return RefreshResult(OK, calls=3, new_access_token=f"new-{claim.id}",
+                             new_refresh_token=f"rot-{claim.id}")
+
+    clock, store, d, writer, _ = _setup(3, {60: 3}, refresh=rotated)
+    await _run(clock, d, writer, 130)
+    assert [(c.access_token, c.refresh_token) for c in store.consents.values()] == [
+        (f"new-{i}", f"rot-{i}") for i in (1, 2, 3)]
+    assert len(store.outcomes) == 3  # a token pair is no outcome

@@ -1,0 +1,39 @@
+"""Edge 12: the run saves a refreshed token through the store before the retried call."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+
+import httpx
+
+from batch.db.memory import MemoryWorkStore
+from batch.dispatch.runner import _refresher
+from batch.resilience.outcomes import Kind
+from tests.batch.test_client import client
+
+WEEK = date(2026, 11, 29)
+NOW = datetime(2026, 11, 30, 1, 0, tzinfo=UTC)
+
+
+async def test_a_refreshed_token_is_in_the_store_before_the_retried_call_goes_out() -> None:
+    store = MemoryWorkStore()
+    store.add("BANK000001", 1, week=WEEK, not_before=NOW)
+    consent = store.consents[1]
+    consent.access_token, consent.refresh_token = "tok-OLD", "r1"
+    stored_at_retry: list[tuple[str, str | None]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/oauth/2.0/token":
+            return httpx.Response(200, json={"access_token": "tok-NEW", "refresh_token": "r2"})
+        if request.headers["authorization"] == "Bearer tok-OLD":
+            return httpx.Response(401, json={"rsp_code": "40101"})
+        stored_at_retry.append((consent.access_token, consent.refresh_token))
+        return httpx.Response(200, json={"rsp_code": "00000", "account_list": []})
+
+    c, http = client(handle)
+    (claim,) = await store.claim("BANK000001", worker="w1", week=WEEK, now=NOW, limit=1)
+    res = await _refresher(c, store)(claim, None)
+    await http.aclose()
+    assert res.outcome.kind is Kind.SUCCESS
+    assert stored_at_retry == [("tok-NEW", "r2")]
+    assert res.new_access_token is None  # nothing left over for the outcome write
