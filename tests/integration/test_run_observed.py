@@ -120,7 +120,10 @@ async def test_metrics_match_the_simulator_and_the_outcome_rows_and_check_fires_
         assert sum(m.retried for m in mine) == sum(
             metric(text, "mydata_retry_calls_total", provider=org, kind=k)
             for k in ("successful_with_retry", "failed_with_retry"))
-        assert sum(m.planned for m in mine) == 100
+        # a minute that under-delivers (our own refusals reopen the quota) re-spreads the
+        # rest over later minutes, so the minutes plan at least the day's 100
+        assert sum(m.planned for m in mine) >= 100
+        assert sum(m.started for m in mine) >= 100
     assert by_code_of(stats, "BANK000000").get("50001", 0) > 10  # the storm happened
     assert metric(text, "mydata_retries_total", provider="CARD000001") == 0
     assert metric(text, "mydata_last_successful_run_timestamp_seconds") > 0 or \
