@@ -460,6 +460,17 @@ async def load_day_plan(engine: AsyncEngine, *, day: date) -> dict[str, DayPlan]
             for o, q, c, k, g, od in days}
 
 
+async def unplaceable_this_week(engine: AsyncEngine, *, week: date) -> dict[str, int]:
+    """Consents the saved plan of ``week`` cannot place anywhere in it, per provider (only
+    providers with some): they miss their week unless windows or limits change."""
+    pd_t = schema.plan_days
+    async with connect(engine) as conn:
+        rows = (await conn.execute(
+            select(pd_t.c.org_code, func.sum(pd_t.c.unplaceable))
+            .where(pd_t.c.week_start == week).group_by(pd_t.c.org_code))).all()
+    return {str(o).strip(): int(n) for o, n in rows if n}
+
+
 async def stale_reasons(engine: AsyncEngine, plans: dict[str, DayPlan],
                         limits: dict[str, ProviderLimits], *, now: datetime,
                         today_windows: tuple[Window, ...] | None = None) -> tuple[str, ...]:

@@ -51,6 +51,7 @@ from batch.planner import (
     load_day_plan,
     save_plan,
     stale_reasons,
+    unplaceable_this_week,
 )
 from batch.resilience.breaker import State
 from batch.resilience.chain import ProviderChain
@@ -118,6 +119,8 @@ class DayPlans:
 
     plans: dict[str, DayPlan]
     replanned: str | None = None
+    #: consents the week's plan cannot place, per provider (they miss their week)
+    unplaceable: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -189,7 +192,7 @@ async def ensure_plan(engine: AsyncEngine, inputs: RunInputs, options: RunOption
     reasons = await stale_reasons(engine, plans, inputs.limits, now=inputs.now,
                                   today_windows=options.window_override)
     if not reasons:
-        return DayPlans(plans)
+        return DayPlans(plans, unplaceable=await unplaceable_this_week(engine, week=inputs.week))
     reason = "; ".join(reasons)
     if options.window_override is not None:
         reason = (f"today planned for the window override "
@@ -199,7 +202,8 @@ async def ensure_plan(engine: AsyncEngine, inputs: RunInputs, options: RunOption
     await save_plan(engine, await build_week_plan(
         engine, week_of=inputs.today, today=inputs.today, now=inputs.now,
         today_windows=options.window_override))
-    return DayPlans(await load_day_plan(engine, day=inputs.today), reason)
+    return DayPlans(await load_day_plan(engine, day=inputs.today), reason,
+                    await unplaceable_this_week(engine, week=inputs.week))
 
 
 def provider_minutes(plan: DayPlan | None, open_minutes: Sequence[int], *,
@@ -305,9 +309,9 @@ async def execute(pieces: Pieces, options: RunOptions, *, clock: Clock, day: dat
 def summarize(inputs: RunInputs, plans: DayPlans, pieces: Pieces, done: Execution,
               options: RunOptions) -> RunSummary:
     """The typed end-of-run summary, from each dispatcher's stats and chain."""
-    provs = tuple(ProviderSummary.from_stats(d.stats.summary(),
-                                             chain=pieces.chains[d.org_code].snapshot())
-                  for d in pieces.dispatchers)
+    provs = tuple(ProviderSummary.from_stats(
+        {**d.stats.summary(), "unplaceable_this_week": plans.unplaceable.get(d.org_code, 0)},
+        chain=pieces.chains[d.org_code].snapshot()) for d in pieces.dispatchers)
     attention = any(p.attention for p in provs) or not done.persisted
     exit_code = (EXIT_INTERRUPTED if done.interrupted else EXIT_ATTENTION if attention
                  else EXIT_OK)

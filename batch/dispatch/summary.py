@@ -16,7 +16,7 @@ from typing import Any
 #: The counters of a provider's summary, summed into the run's totals.
 COUNTERS = ("planned", "attempted_before_run", "attempted", "succeeded", "already_transferred",
             "dead_assets", "failed", "deferred", "not_attempted", "dead_lettered", "calls",
-            "missed_slices", "slices")
+            "missed_slices", "slices", "unplaceable_this_week")
 #: The counters DESIGN.md requires of every provider.
 REQUIRED = ("planned", "attempted", "succeeded", "failed", "deferred", "dead_lettered")
 
@@ -93,8 +93,10 @@ class ProviderSummary:
 
     @property
     def attention(self) -> bool:
-        """Deferred work, dead letters or our own 4xx bugs: an operator must look."""
+        """Deferred work, dead letters, our own 4xx bugs, or consents the week's plan cannot
+        place (they miss their week): an operator must look."""
         return bool(self.counters["deferred"] or self.counters["dead_lettered"]
+                    or self.counters["unplaceable_this_week"]
                     or self.by_outcome.get("client"))
 
     @classmethod
@@ -271,4 +273,10 @@ def format_summary(summary: RunSummary) -> str:
     t = summary.totals
     out.append("-" * len(head))
     out.append(f"{'total':<10}  " + "  ".join(f"{t[k]:>{w},}" for _, k, w in _COLUMNS[1:]))
+    missing = [(p.org_code, p.counters["unplaceable_this_week"]) for p in summary.providers
+               if p.counters["unplaceable_this_week"]]
+    if missing:
+        out.append("!!! consents this week's plan cannot place (they miss their week): "
+                   + ", ".join(f"{o} {n:,}" for o, n in missing)
+                   + "; widen the windows or raise calls_per_second !!!")
     return "\n".join(out)

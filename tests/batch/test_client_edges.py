@@ -96,7 +96,8 @@ async def test_a_40101_on_every_detail_still_refreshes_the_token_only_once() -> 
     await http.aclose()
     assert seen.count(TOKEN_PATH) == 1
     assert res.outcome.rsp_code == "40101"
-    assert res.pending_items == ("A0", "A1", "A2", "A3")
+    assert res.progress is not None
+    assert (res.progress.items, res.progress.next_page) == (("A0", "A1", "A2", "A3"), None)
 
 
 @pytest.mark.parametrize("page_limit", [0, -1, 501, 10_000])

@@ -263,3 +263,20 @@ async def test_every_step_logs_a_line(engine: AsyncEngine,
              if str(getattr(r, "action", "")).startswith("step_")]
     assert steps == ["step_read_inputs", "step_plan", "step_build", "step_execute",
                      "step_record"]
+
+
+async def test_a_run_whose_week_plan_cannot_place_consents_needs_attention(
+    engine: AsyncEngine,
+) -> None:
+    # Saturday 07:00: the week's last window (00:00-06:00) is over, so the consents still
+    # due miss their week. The run must say so and exit 1, not report a clean day.
+    saturday = datetime(2026, 12, 5, 7, 0, tzinfo=KST)
+    insts = make_institutions(free_ports(1), industries=("bank",))
+    await populate(engine, insts, per_provider=12, now=saturday - timedelta(days=5), quota=12)
+    res = await run_day(engine, clock=FakeClock(saturday), options=_options(),
+                        stream=io.StringIO(), install_signals=False)
+    (p,) = res.summary.providers
+    assert p.count("unplaceable_this_week") == 12
+    assert (res.exit_code, res.summary.status) == (1, "incomplete")
+    from batch.dispatch.summary import format_summary
+    assert "cannot place (they miss their week): BANK000000 12" in format_summary(res.summary)

@@ -49,7 +49,7 @@ def test_to_json_keeps_every_key_of_the_stats_and_the_design_keys() -> None:
     doc = json.loads(json.dumps(_summary(providers=(
         ProviderSummary.from_stats(stats.summary(), chain={"x": 1}),)).to_json()))
     (p,) = doc["providers"]
-    assert set(stats.summary()) | {"chain"} == set(p)
+    assert set(stats.summary()) | {"chain", "unplaceable_this_week"} == set(p)
     assert all(k in p for k in DESIGN_KEYS)
     assert (p["planned"], p["succeeded"], p["chain"]) == (4, 3, {"x": 1})
     for key in ("run_id", "date", "week_start", "worker_id", "status", "exit_code",
