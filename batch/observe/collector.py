@@ -137,8 +137,10 @@ class RunCollector(Collector):
                     lambda d: d.stats.minute_planned)
         yield gauge("dispatch_minute_started", "Refreshes started in the current minute.",
                     lambda d: d.stats.minute_started)
+        # ProviderStats.started gives back the refreshes our own layers refused (they are
+        # still to do); a counter never goes down, so those are added back.
         yield counter("dispatch_started", "Refreshes started (reaching the chain).",
-                      lambda d: d.stats.started)
+                      lambda d: d.stats.started + d.stats.by_action.get("not_attempted", 0))
         yield counter("dispatch_provider_calls", "HTTP calls made by finished refreshes.",
                       lambda d: d.stats.calls)
         yield counter("dispatch_missed_slices", "100 ms slices started a whole slice late.",

@@ -160,3 +160,29 @@ def test_labels_are_bounded_to_provider_and_classes() -> None:
                "layer", "code", "le", "action"}
     for (_, labels) in samples(reg):
         assert {k for k, _ in labels} <= allowed
+
+
+def test_the_started_counter_never_goes_down_when_our_own_refusals_give_starts_back() -> None:
+    from dataclasses import dataclass
+
+    from batch.dispatch.stats import ProviderStats
+
+    @dataclass
+    class FakeDispatcher:
+        org_code: str
+        stats: ProviderStats
+
+        @property
+        def remaining(self) -> int:
+            return 0
+
+    d = FakeDispatcher(ORG, ProviderStats(ORG, day_quota=5))
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(RunCollector(ChainRecorder(), dispatchers=lambda: (d,)))
+    d.stats.started = 3
+    before = value(reg, "mydata_dispatch_started_total", provider=ORG)
+    # one of the three comes back "not attempted": the dispatcher gives its start back
+    d.stats.started -= 1
+    d.stats.by_action["not_attempted"] += 1
+    assert before == 3
+    assert value(reg, "mydata_dispatch_started_total", provider=ORG) == 3
