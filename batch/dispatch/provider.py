@@ -119,6 +119,11 @@ class ProviderDispatcher:
     # -- quota bookkeeping -------------------------------------------------------------
 
     @property
+    def queue_depth(self) -> int:
+        """Claims held in the queue, waiting to be started."""
+        return len(self._queue)
+
+    @property
     def remaining(self) -> int:
         """Refreshes still to start today (planned minus attempted, started and in flight)."""
         return max(0, self.stats.day_quota - self.stats.attempted_before - self.stats.started)

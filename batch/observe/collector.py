@@ -61,11 +61,8 @@ class Dispatcher(Protocol):
     @property
     def remaining(self) -> int: ...
 
-
-def queue_depth(d: Dispatcher) -> int:
-    """Claims waiting in the dispatcher's queue to be started (0 if it has none)."""
-    q = getattr(d, "_queue", None)
-    return int(q.qsize()) if q is not None else 0
+    @property
+    def queue_depth(self) -> int: ...
 
 
 class _Lateness:
@@ -127,7 +124,7 @@ class RunCollector(Collector):
             return c
 
         yield gauge("dispatch_queue_depth", "Claimed consents waiting to be started.",
-                    queue_depth)
+                    lambda d: d.queue_depth)
         yield gauge("dispatch_in_flight", "Refreshes running now.", lambda d: d.stats.in_flight)
         yield gauge("dispatch_remaining", "Refreshes still to start today.",
                     lambda d: d.remaining)

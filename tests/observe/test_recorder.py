@@ -176,6 +176,10 @@ def test_the_started_counter_never_goes_down_when_our_own_refusals_give_starts_b
         def remaining(self) -> int:
             return 0
 
+        @property
+        def queue_depth(self) -> int:
+            return 0
+
     d = FakeDispatcher(ORG, ProviderStats(ORG, day_quota=5))
     reg = CollectorRegistry(auto_describe=False)
     reg.register(RunCollector(ChainRecorder(), dispatchers=lambda: (d,)))

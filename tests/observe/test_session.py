@@ -28,11 +28,15 @@ class FakeDispatcher:
     def __init__(self) -> None:
         self.org_code = ORG
         self.stats = ProviderStats(ORG, day_quota=50)
-        self._queue: asyncio.Queue[int] = asyncio.Queue()
+        self.queued: list[int] = []
 
     @property
     def remaining(self) -> int:
         return 50 - self.stats.started
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self.queued)
 
 
 async def test_minutes_are_cut_per_provider_upserted_and_exported(
@@ -46,7 +50,7 @@ async def test_minutes_are_cut_per_provider_upserted_and_exported(
         limiter=LimiterSettings(calls_per_second=1e6, burst=1000)),
         clock=clock, random=lambda: 0.0, listeners=obs.listeners)
     d = FakeDispatcher()
-    d._queue.put_nowait(7)
+    d.queued.append(7)
     await obs.start({ORG: chain}, [d])
     try:
         assert obs._server is not None and obs._server.addresses == ["127.0.0.1"]
