@@ -79,7 +79,7 @@ def test_sigterm_releases_unstarted_work_writes_outcomes_and_exits_3(
         assert done == p["succeeded"] == logged
 
         again = subprocess.run(cmd, env=env, capture_output=True, timeout=120)
-        assert again.returncode == 0, again.stderr.decode()[-2000:]
+        assert again.returncode == 0, (again.stdout.decode()[-3000:], again.stderr.decode()[-2000:])
         rest = json.loads(again.stdout)["providers"][0]
         assert rest["attempted_before_run"] == p["attempted"]
         assert p["attempted"] + rest["attempted"] == 400
