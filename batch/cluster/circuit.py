@@ -63,15 +63,15 @@ class CircuitSettings:
     """How the cluster circuit counts, decides, probes and falls back (seconds, rates)."""
 
     #: the cluster-wide rates are over this sliding window, in buckets of bucket_seconds
-    window_seconds: float = 60.0
-    bucket_seconds: int = 5
+    window_seconds: float = 10.0
+    bucket_seconds: int = 2
     #: no verdict before this many calls (cluster-wide) in the window
     minimum_calls: int = 20
     failure_rate_threshold: float = 0.5
     slow_call_rate_threshold: float = 0.6
     slow_call_duration: float = SLOW_CALL_SECONDS
     #: an open provider closes once it has been healthy this long ...
-    healthy_period: float = 60.0
+    healthy_period: float = 30.0
     #: ... with at least this many probe calls in that period, failure and slow-call rates
     #: both at most healthy_rate
     probe_minimum: int = 3

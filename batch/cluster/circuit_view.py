@@ -35,6 +35,8 @@ log = logging.getLogger("mydata.cluster")
 LiveWorkers = Callable[[], Awaitable[Sequence[str]]]
 #: called with (org_code, old state, new state) when a provider's cached state changes
 ChangeHook = Callable[[str, CircuitState, CircuitState], None]
+#: called with (old mode, new mode) when the view's mode changes
+ModeHook = Callable[[ViewMode, ViewMode], None]
 
 
 class CircuitView:
@@ -54,6 +56,7 @@ class CircuitView:
         self._mode = ViewMode.LOCAL
         self._probe = False
         self._hooks: list[ChangeHook] = []
+        self._mode_hooks: list[ModeHook] = []
         self.last_error: str | None = None
         self.leader: str | None = None
         self.reads = 0
@@ -62,6 +65,7 @@ class CircuitView:
 
     # -- reading the cache (no I/O) ----------------------------------------------------
     def mode(self) -> ViewMode:
+        """The mode now (between refreshes a kept list can expire: STALE becomes LOCAL)."""
         return view_mode(now=self._clock.monotonic(), fresh_at=self._fresh_at,
                          fresh=self._fresh, keep_last_for=self.settings.keep_last_for)
 
@@ -81,6 +85,10 @@ class CircuitView:
 
     def on_change(self, hook: ChangeHook) -> None:
         self._hooks.append(hook)
+
+    def on_mode(self, hook: ModeHook) -> None:
+        """``hook(old, new)`` on each change of mode, seen at a refresh."""
+        self._mode_hooks.append(hook)
 
     def status(self) -> dict[str, object]:
         """For the run summary and logs: mode, how old the list is, what is open."""
@@ -132,7 +140,12 @@ class CircuitView:
                 "cluster circuit: %s", _MODE_TEXT[mode], extra={
                     "action": "circuit_mode", "mode": str(mode), "previous": str(self._mode),
                     "worker_id": self.worker_id, "error": self.last_error})
-            self._mode = mode
+            old, self._mode = self._mode, mode
+            for hook in self._mode_hooks:
+                try:
+                    hook(old, mode)
+                except Exception:
+                    log.exception("circuit mode hook failed")
         self.refreshed.set()
         return mode
 

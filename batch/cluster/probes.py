@@ -12,9 +12,13 @@ each re-trip) cannot starve the cluster of the samples it needs to close. Forced
 no probes at all.
 
 :meth:`ClusterGate.breaker_open` is the dispatcher's predicate (``breaker_open=``): the
-cluster verdict combined with the local breaker. When the cluster closes a provider, the
-local breaker is reset (if it is OPEN or HALF_OPEN): the cluster saw a healthy period, so
-the worker resumes at once instead of waiting out a local OPEN wait grown during the outage.
+cluster verdict combined with the local breaker. While the worker follows a fresh cluster
+list (mode CLUSTER) its local breaker is METRICS_ONLY: it keeps its rates but never trips,
+because the cluster decides (a local breaker that trips on its first five failures would
+starve the cluster of the samples that show the outage, and its OPEN waits, grown during the
+outage, would keep the worker off long after the cluster closed). As soon as the list is
+not fresh (STALE: Redis or the coordinator lost) the local breaker is armed again (reset to
+CLOSED), so a provider that fails from then on is stopped locally: never no protection.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from batch.clock import Clock
-from batch.cluster.circuit import CircuitState, ProbePacer
+from batch.cluster.circuit import CircuitState, ProbePacer, ViewMode
 from batch.cluster.circuit_view import CircuitView
 from batch.resilience.breaker import State
 from batch.resilience.chain import ProviderChain
@@ -62,7 +66,9 @@ class ClusterGate:
         self._pacer = ProbePacer(view.settings.probe_interval)
         self.refused = 0
         self.probes_made = 0
-        view.on_change(self._on_change)
+        view.on_mode(self._on_mode)
+        if view.mode() is ViewMode.CLUSTER:
+            self._on_mode(ViewMode.LOCAL, ViewMode.CLUSTER)
 
     async def call(self, attempt: Callable[[float], Awaitable[Outcome]], *,
                    deadline: float | None = None) -> Outcome:
@@ -103,12 +109,13 @@ class ClusterGate:
             return f"cluster_{state}"
         return str(self.chain.breaker.state.value)
 
-    def _on_change(self, org_code: str, old: CircuitState, new: CircuitState) -> None:
-        if org_code != self.org_code or not old.is_open or new.is_open:
-            return
+    def _on_mode(self, old: ViewMode, new: ViewMode) -> None:
         b = self.chain.breaker
-        if b.state in (State.OPEN, State.HALF_OPEN):
-            log.info("cluster circuit closed: local breaker reset", extra={
-                "action": "local_breaker_reset", "org_code": org_code,
-                "local_state": str(b.state)})
+        if new is ViewMode.CLUSTER:
+            if b.state in (State.CLOSED, State.OPEN, State.HALF_OPEN):
+                b.metrics_only()
+        elif old is ViewMode.CLUSTER and b.state is State.METRICS_ONLY:
+            log.warning("cluster list not fresh: local breaker armed", extra={
+                "action": "local_breaker_armed", "org_code": self.org_code,
+                "mode": str(new)})
             b.reset()
