@@ -58,9 +58,13 @@ class CircuitNode:
         return g
 
     async def start(self) -> None:
-        """Read the list once (so the first verdicts are the cluster's), then run the feed,
-        the view's refreshes and the coordinator candidate in the background."""
+        """One election attempt and one read of the list (so the first verdicts are the
+        cluster's when there is one), then the feed, the view's refreshes and the
+        coordinator candidate in the background."""
         self._stop.clear()
+        if self.coordinator is not None:
+            with contextlib.suppress(Exception):  # Redis down: the view says so
+                await self.coordinator.tick()
         await self.view.refresh()
         self._tasks = [asyncio.create_task(self.feed.run(self._stop), name="circuit-feed"),
                        asyncio.create_task(self.view.run(self._stop), name="circuit-view")]

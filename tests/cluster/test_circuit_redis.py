@@ -190,3 +190,18 @@ async def test_a_clean_stop_releases_the_lease_for_an_immediate_takeover(
     await a.resign()
     assert await redis.get("t:circuit:leader") is None
     assert (await s.acquire("b"))[0] == 2
+
+
+async def test_a_node_started_alone_leads_and_follows_the_list_at_once(redis: Redis) -> None:
+    from batch.cluster.circuit_node import CircuitNode
+
+    node = CircuitNode(redis, worker_id="w1", clock=SystemClock(), settings=S,
+                       prefix="t:circuit:")
+    await node.start()
+    try:
+        assert node.coordinator is not None and node.coordinator.is_leader
+        st = node.status()
+        assert (st["mode"], st["leader"], st["coordinator"]) == ("cluster", True, "1:w1")
+    finally:
+        await node.stop()
+    assert await redis.get("t:circuit:leader") is None  # a clean stop gives the lease back
