@@ -8,6 +8,8 @@ from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from batch.dashboard.cluster_data import load_cluster
+from batch.dashboard.cluster_render import cluster_section
 from batch.dashboard.data import load_snapshot
 from batch.dashboard.health_data import load_run_health
 from batch.dashboard.health_render import run_health_section
@@ -20,7 +22,8 @@ async def dashboard_html(engine: AsyncEngine, *, now: datetime, week: date | Non
     """The self-contained page for the week holding ``week`` (default: ``now``'s KST week)."""
     snap = await load_snapshot(engine, week=week or now.astimezone(KST).date(), now=now)
     health = await load_run_health(engine, day=snap.focus_day, now=now)
-    return render_page(snap, sections=[run_health_section(health)])
+    cluster = cluster_section(await load_cluster(engine, now=now))
+    return render_page(snap, sections=[run_health_section(health), cluster])
 
 
 def write_page(page: str, path: Path) -> Path:

@@ -266,4 +266,22 @@ run_minutes = Table(
 )
 Index("run_minutes_at_idx", run_minutes.c.org_code, run_minutes.c.minute_at)
 
-SCHEMA_VERSION = 7
+# The cluster circuit's history: the coordinator's opens and closes and the operators'
+# overrides (batch/cluster/circuit_events.py). sql/009_circuit_events.sql's twin.
+circuit_events = Table(
+    "circuit_events", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("at", UTCDateTime, nullable=False),
+    Column("org_code", String(10), nullable=False),
+    Column("state", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("source", Text, nullable=False),
+    Column("actor", Text, nullable=False, server_default=""),
+    Column("generation", BigInteger),
+    Column("failure_rate", Float),
+    Column("slow_rate", Float),
+    Column("calls", Integer),
+)
+Index("circuit_events_org_idx", circuit_events.c.org_code, circuit_events.c.at)
+
+SCHEMA_VERSION = 9

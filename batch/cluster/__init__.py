@@ -1,0 +1,1 @@
+"""Cluster mode: many workers against one PostgreSQL and one Redis."""
