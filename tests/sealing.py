@@ -1,11 +1,14 @@
-"""The session's token cipher, for tests that write or read stored tokens themselves
-(tests/conftest.py puts its key in the environment before any test module is imported)."""
+"""The session's token key and cipher, for tests that write or read stored tokens themselves
+(tests/conftest.py puts the key in the environment before any test module is imported)."""
 
 from __future__ import annotations
 
-from batch.crypto import TokenCipher
+import os
 
-CIPHER = TokenCipher.from_env()
+from batch.crypto import KEYS_ENV, TokenCipher
+
+KEY = os.environ[KEYS_ENV]
+CIPHER = TokenCipher.from_texts([KEY])
 
 
 def seal(token: str) -> str:
