@@ -22,6 +22,7 @@ from batch.config import ORG_CODE_RE
 from batch.config import load_institutions as read_institutions_file
 from batch.crypto import TokenCipher
 from batch.db.loaders import load_consents, load_institutions, load_usage
+from batch.db.tokens import check_tokens
 from batch.seed_usage import usage_series
 from planning.calendar import week_start
 from planning.windows import MINUTES_PER_DAY, Window, day_minutes, parse_windows
@@ -250,6 +251,7 @@ async def load_seed(engine: AsyncEngine, files: SeedFiles, *, now: datetime,
     retired) and its operator org code replaces the stored one. The consents' tokens are
     stored sealed with ``cipher`` (the CSV holds them plain, as an operator's file does).
     """
+    await check_tokens(engine, cipher)  # a wrong key: refused before the institutions load
     insts = read_institutions_file(files.institutions)
     n_inst = await load_institutions(engine, insts, now=now, retire_missing=replace,
                                      change_operator=replace)

@@ -21,6 +21,7 @@ from batch.clock import KST
 from batch.db import loaders
 from batch.db.csv_input import CsvInput
 from batch.db.engine import init_db, make_engine
+from batch.db.tokens import check_tokens
 from batch.seed import SeedParams, load_time, write_seed
 from tests.sealing import CIPHER
 
@@ -94,6 +95,10 @@ async def test_load_consents_million(pg_url: str, sqlite_url: str, tmp_path: Pat
         n = await loaders.load_consents(engine, path, now=NOW, cipher=CIPHER)
         out.append(_line("load_consents, re-load = upsert (PostgreSQL)", n,
                          time.perf_counter() - t, base))
+        t = time.perf_counter()
+        await check_tokens(engine, CIPHER)  # what `run` and every load start with
+        out.append(_line("stored-token key check (PostgreSQL)", n, time.perf_counter() - t,
+                         base))
     finally:
         await engine.dispose()
 

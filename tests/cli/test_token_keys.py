@@ -118,3 +118,11 @@ def test_keys_rotate_then_a_run_with_only_the_new_key_calls_with_the_right_token
     (org,) = tokens
     # The simulator saw each consent's real token in Authorization, once.
     assert seen[org] == {consent_key(t): 1 for t in tokens[org]}
+
+
+def test_seed_force_with_a_wrong_key_changes_nothing(db_url: str, tmp_path: Path) -> None:
+    load_all(db_url, tmp_path)
+    before = snapshot(db_url)
+    refused(cli("--db", db_url, "seed", "--force", "--consents", "10", "--out",
+                str(tmp_path / "seed-out"), **{KEYS_ENV: generate_key()}), "does not hold")
+    assert snapshot(db_url) == before  # not even the seed's institutions
