@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, bindparam, case, func, literal, select, update
+from sqlalchemy import bindparam, case, func, literal, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from batch.crypto import KEY_FILE_ENV, KEYS_ENV, VERSION, TokenCipher, TokenKeyError
@@ -39,28 +39,40 @@ class StoredKeys:
         return sum(self.by_key.values()) + self.plain
 
 
-def _groups(column: str) -> Select[Any]:
+def _key_of(column: str) -> Any:
+    """The key id a stored token names, 'plain' if it is not sealed, NULL if none/erased."""
     col = consents.c[column]
-    prefix = case((func.substr(col, 1, len(VERSION) + 1) == f"{VERSION}.",
-                   func.substr(col, len(VERSION) + 2, 8)), else_=literal(_PLAIN))
-    return (select(prefix.label("k"), func.count().label("n"), func.min(consents.c.id))
-            .where(col.is_not(None), col != ERASED).group_by(prefix))
+    return case((col.is_(None) | (col == ERASED), literal(None)),
+                (func.substr(col, 1, len(VERSION) + 1) == f"{VERSION}.",
+                 func.substr(col, len(VERSION) + 2, 8)),
+                else_=literal(_PLAIN))
+
+
+#: One scan of ``consents``: how many rows per (access key id, refresh key id) pair.
+_SURVEY = (select(_key_of("access_token").label("a"), _key_of("refresh_token").label("r"),
+                  func.count().label("n"), func.min(consents.c.id).label("first"))
+           .group_by(literal_column("a"), literal_column("r")))
 
 
 async def _survey(conn: AsyncConnection, cipher: TokenCipher) -> StoredKeys:
     by_key: dict[str, int] = {}
     plain = 0
-    for column in ("access_token", "refresh_token"):
-        for k, n, first_id in (await conn.execute(_groups(column))).all():
+    samples: dict[str, tuple[str, int]] = {}
+    for a, r, n, first in (await conn.execute(_SURVEY)).all():
+        for column, k in (("access_token", a), ("refresh_token", r)):
+            if k is None:
+                continue
             if k == _PLAIN:
                 plain += int(n)
                 continue
             by_key[str(k)] = by_key.get(str(k), 0) + int(n)
-            if str(k) in cipher.key_ids:
-                # The id matches: make sure the key really opens (a corrupt row would not).
-                stored = (await conn.execute(select(consents.c[column]).where(
-                    consents.c.id == first_id))).scalar_one()
-                cipher.decrypt(stored)
+            samples.setdefault(str(k), (column, int(first)))
+    for k, (column, first) in samples.items():
+        if k in cipher.key_ids:
+            # The id matches: make sure the key really opens (a corrupt row would not).
+            stored = (await conn.execute(select(consents.c[column]).where(
+                consents.c.id == first))).scalar_one()
+            cipher.decrypt(stored)
     return StoredKeys(by_key, plain)
 
 
