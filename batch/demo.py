@@ -4,17 +4,24 @@ Seed a small population, start the provider simulator on 127.0.0.1 (its own proc
 plan the week, run today's work under a short window override, print the summary, write
 the dashboard, stop the simulator, and check what the simulator saw: every consent due
 today attempted, zero rate-limit rejections (42902), zero window violations.
+
+Tokens are sealed in the database as in production: with the key the environment gives
+(MYDATA_TOKEN_KEYS / MYDATA_TOKEN_KEY_FILE), else with a key of its own, made for each demo
+in ``OUT/token.key``. The simulator reads the seed CSV, which holds them plain.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
 from batch.clock import Clock
+from batch.crypto import KEY_FILE_ENV, KEYS_ENV, TokenCipher, generate_key
 from batch.db.engine import init_db, make_engine
 from batch.dispatch.runner import RunOptions, run_day
 from batch.dispatch.summary import RunSummary, format_summary
@@ -62,12 +69,34 @@ def _fresh_db(out_dir: Path) -> Path:
     return db
 
 
+KEY_FILE = "token.key"
+
+
+def demo_cipher(out_dir: Path, environ: Mapping[str, str] | None = None
+                ) -> tuple[TokenCipher, str]:
+    """The demo's token cipher and where its key came from: the environment's keys if it
+    gives any, else a new key written to ``OUT/token.key`` (readable by its owner only)."""
+    env = os.environ if environ is None else environ
+    if env.get(KEYS_ENV, "").strip():
+        return TokenCipher.from_env(env), KEYS_ENV
+    if env.get(KEY_FILE_ENV, "").strip():
+        return TokenCipher.from_env(env), f"{KEY_FILE_ENV} {env[KEY_FILE_ENV].strip()}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / KEY_FILE
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(generate_key() + "\n")
+    return TokenCipher.from_env({KEY_FILE_ENV: str(path)}), str(path)
+
+
 def _say(out: TextIO, text: str) -> None:
     out.write(text + "\n")
     out.flush()
 
 
-async def run_demo(settings: DemoSettings, *, clock: Clock, out: TextIO) -> int:
+async def run_demo(settings: DemoSettings, *, clock: Clock, out: TextIO,
+                   cipher: TokenCipher) -> int:
     """Run the demo; returns the exit code (0 when every check passed)."""
     from batch.dashboard.page import write_dashboard
     from batch.simulator import SimulatorProcess
@@ -85,7 +114,7 @@ async def run_demo(settings: DemoSettings, *, clock: Clock, out: TextIO) -> int:
         seeded = write_seed(SeedParams(today=today, providers=settings.providers,
                                        consents=settings.consents, seed=settings.seed,
                                        base_port=base_port), out_dir)
-        await load_seed(engine, seeded.files, now=load_time(today, now))
+        await load_seed(engine, seeded.files, now=load_time(today, now), cipher=cipher)
 
         start = (clock.now() + timedelta(minutes=1)).replace(second=0, microsecond=0)
         if start.date() != today:
@@ -103,7 +132,7 @@ async def run_demo(settings: DemoSettings, *, clock: Clock, out: TextIO) -> int:
         with SimulatorProcess(seeded.files.institutions, window_override=[window_text],
                               seed=settings.seed) as sim:
             result = await run_day(engine, clock=clock, options=RunOptions(
-                window_override=(window,), progress="auto"), stream=out)
+                window_override=(window,), progress="auto"), cipher=cipher, stream=out)
             stats = sim.stats()
         _say(out, "")
         _say(out, format_summary(result.summary))

@@ -20,7 +20,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from batch.clock import KST
 from batch.config import ORG_CODE_RE
 from batch.config import load_institutions as read_institutions_file
+from batch.crypto import TokenCipher
 from batch.db.loaders import load_consents, load_institutions, load_usage
+from batch.db.tokens import check_tokens
 from batch.seed_usage import usage_series
 from planning.calendar import week_start
 from planning.windows import MINUTES_PER_DAY, Window, day_minutes, parse_windows
@@ -242,16 +244,18 @@ def write_seed(params: SeedParams, out_dir: str | Path) -> SeedResult:
 
 
 async def load_seed(engine: AsyncEngine, files: SeedFiles, *, now: datetime,
-                    replace: bool = False) -> tuple[int, int, int]:
+                    cipher: TokenCipher, replace: bool = False) -> tuple[int, int, int]:
     """Load the written files through the validated loaders; (institutions, consents, usage).
 
     ``replace``: the seed's providers take the place of those loaded before (the others are
-    retired) and its operator org code replaces the stored one.
+    retired) and its operator org code replaces the stored one. The consents' tokens are
+    stored sealed with ``cipher`` (the CSV holds them plain, as an operator's file does).
     """
+    await check_tokens(engine, cipher)  # a wrong key: refused before the institutions load
     insts = read_institutions_file(files.institutions)
     n_inst = await load_institutions(engine, insts, now=now, retire_missing=replace,
                                      change_operator=replace)
-    n_cons = await load_consents(engine, files.consents, now=now)
+    n_cons = await load_consents(engine, files.consents, now=now, cipher=cipher)
     n_usage = await load_usage(engine, files.usage, now=now)
     return n_inst, n_cons, n_usage
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: a fresh database on each backend, services required in CI."""
+"""Shared fixtures: a fresh database on each backend, services required in CI, and a token
+key for every test (tokens are encrypted at rest)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from batch.crypto import KEY_FILE_ENV, KEYS_ENV, TokenCipher, generate_key
 from batch.db.engine import init_db, make_engine
 
 PG_ADMIN_URL = os.environ.get(
@@ -18,6 +20,12 @@ PG_ADMIN_URL = os.environ.get(
 )
 REDIS_URL = os.environ.get("MYDATA_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 REQUIRE_SERVICES = os.environ.get("MYDATA_REQUIRE_SERVICES") == "1"
+
+# One generated key for the whole session, in the environment, so the console script and
+# every other subprocess a test starts (they inherit it) seal and open with the same key as
+# the test itself. Never the developer's own keys.
+os.environ[KEYS_ENV] = generate_key()
+os.environ.pop(KEY_FILE_ENV, None)
 
 
 def _unavailable(what: str, exc: BaseException) -> None:
@@ -36,6 +44,12 @@ async def _admin(sql: str) -> None:
         await conn.execute(sql)
     finally:
         await conn.close()
+
+
+@pytest.fixture
+def token_cipher() -> TokenCipher:
+    """The cipher of the session's key (what the CLI builds from the environment)."""
+    return TokenCipher.from_env()
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ DOCS = "docs/operator.md"
 #: every other command needs a database that exists (a typo is not a new empty file).
 NO_DB = "none"
 _DB_USE = {"db init": MAY_CREATE, "load": MAY_CREATE, "seed": MAY_CREATE, "demo": NO_DB,
-           "simulate": NO_DB}
+           "simulate": NO_DB, "keys generate": NO_DB}
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +216,7 @@ def _register() -> None:
     import importlib
 
     for name in ("db", "load", "seed", "plan", "run", "dashboard", "simulate", "demo",
-                 "requeue", "check", "revoke", "circuit"):
+                 "requeue", "check", "revoke", "circuit", "keys"):
         try:
             importlib.import_module(f"batch.cli.{name}")
         except ModuleNotFoundError as exc:

@@ -29,9 +29,10 @@ def demo_cmd(out_dir: Path, providers: int, consents: int, seed: int,
     1. seed providers, consents and usage history   4. run today's work in a short window
     2. start the provider simulator on 127.0.0.1    5. print the summary, write the dashboard
     3. plan the week                                6. stop the simulator and check its stats
-    Ignores --db: the demo always uses OUT/demo.db.
+    Ignores --db: the demo always uses OUT/demo.db. Tokens are encrypted with the key of
+    MYDATA_TOKEN_KEYS / MYDATA_TOKEN_KEY_FILE, else with a new one in OUT/token.key.
     """
-    from batch.demo import DemoSettings, run_demo
+    from batch.demo import DemoSettings, demo_cipher, run_demo
     from batch.logs import setup_logging
 
     setup_logging(level="WARNING")
@@ -40,5 +41,9 @@ def demo_cmd(out_dir: Path, providers: int, consents: int, seed: int,
                                 seed=seed, window_minutes=window_minutes)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    code = run_async(run_demo(settings, clock=clock_from_env(), out=sys.stdout))
+    cipher, key_from = demo_cipher(out_dir)
+    click.echo(f"== tokens encrypted in the database with key {cipher.primary_id} "
+               f"(from {key_from})")
+    code = run_async(run_demo(settings, clock=clock_from_env(), out=sys.stdout,
+                              cipher=cipher))
     sys.exit(code)

@@ -9,7 +9,7 @@ import click
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.cli import Settings, main, with_engine
-from batch.cli.options import clock_from_env
+from batch.cli.options import clock_from_env, token_cipher
 from batch.config import load_institutions as read_institutions_file
 from batch.db.engine import init_db, redact
 from batch.db.loaders import (
@@ -109,11 +109,13 @@ def load_consents_cmd(settings: Settings, file: Path, ignore_extra: bool) -> Non
     refresh_token. Timestamps are ISO 8601 (2026-11-29T09:00:00+09:00; no offset means
     KST); last_scheduled_at is empty for a consent never fetched. Re-loading updates
     tokens; the weekly schedule never moves back; a revoked consent stays revoked unless
-    the row carries a newer consented_at.
+    the row carries a newer consented_at. Tokens are stored encrypted with the key of
+    MYDATA_TOKEN_KEYS or MYDATA_TOKEN_KEY_FILE (`mydata-batch keys generate`).
     """
+    cipher = token_cipher()  # a missing or malformed key: one line, nothing opened
     _load(settings, "consents", file,
           lambda engine: load_consents(engine, file, now=clock_from_env().now(),
-                                       ignore_extra=ignore_extra))
+                                       cipher=cipher, ignore_extra=ignore_extra))
 
 
 @load_group.command("usage")

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from batch.clock import Clock, ScaledClock, clock_from_spec
+from batch.crypto import TokenCipher
 from planning.windows import Window, WindowError, parse_window
 
 
@@ -57,3 +58,10 @@ def clock_from_env() -> Clock:
     if isinstance(clock, ScaledClock):
         os.environ["MYDATA_CLOCK"] = clock.spec()
     return clock
+
+
+def token_cipher() -> TokenCipher:
+    """The token cipher the environment configures (MYDATA_TOKEN_KEYS or
+    MYDATA_TOKEN_KEY_FILE), built once here at the CLI edge by every command that reads or
+    writes tokens; a missing or malformed key is a TokenKeyError (one line, exit 2)."""
+    return TokenCipher.from_env()

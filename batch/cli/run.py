@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from batch.cli import Settings, main, run_async
-from batch.cli.options import WINDOW, clock_from_env
+from batch.cli.options import WINDOW, clock_from_env, token_cipher
 from batch.errors import ConfigError
 from planning.windows import Window
 
@@ -70,6 +70,7 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
         observe=ObserveOptions(metrics_port=metrics_port, metrics_textfile=metrics_textfile),
         **kwargs,  # type: ignore[arg-type]
     )
+    cipher = token_cipher()  # checked against the stored tokens before any call
     setup_logging(level=log_level, run_id=options.run_id, worker_id=options.worker_id)
     clock = clock_from_env()
 
@@ -79,7 +80,7 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
         engine = make_engine(settings.db_url)
         try:
             async with run_lock(engine):  # one run per database (batch/db/runlock.py)
-                res = await run_day(engine, clock=clock, options=options)
+                res = await run_day(engine, clock=clock, options=options, cipher=cipher)
             return res.summary, res.exit_code
         finally:
             await engine.dispose()

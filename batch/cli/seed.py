@@ -10,7 +10,7 @@ import click
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.cli import Settings, main, with_engine
-from batch.cli.options import clock_from_env
+from batch.cli.options import clock_from_env, token_cipher
 from batch.db.engine import init_db, redact
 from batch.db.loaders import count_consents
 from batch.errors import ConfigError, InputError
@@ -63,8 +63,10 @@ def seed_cmd(settings: Settings, providers: int, consents: int, weeks: int, seed
     due this week (some new, a small backlog, some already done this week); daily user
     calls with weekday, payday (21st-25th) and month-end effects. The files go through
     the same checks as `load`, so they double as examples of the formats. A database that
-    already holds consents is refused unless --force.
+    already holds consents is refused unless --force. The tokens are stored encrypted
+    (MYDATA_TOKEN_KEYS or MYDATA_TOKEN_KEY_FILE); the CSV in --out holds them plain.
     """
+    cipher = token_cipher()  # before any file is written
     clock = clock_from_env()
     day = today.date() if today is not None else clock.now().date()
     try:
@@ -87,7 +89,7 @@ def seed_cmd(settings: Settings, providers: int, consents: int, weeks: int, seed
                              "consents; seed a new database (--db), or pass --force to add "
                              "the synthetic population to them")
         return await load_seed(engine, result.files, now=load_time(day, clock.now()),
-                               replace=force)
+                               cipher=cipher, replace=force)
 
     counts = with_engine(settings, go)
     click.echo(_summary(result, counts, time.perf_counter() - started, redact(settings.db_url)))

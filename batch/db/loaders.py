@@ -4,13 +4,15 @@ Each loader validates every row before anything is written and writes in one tra
 so a bad file leaves the database as it was. Errors are one line: ``FILE:LINE: field 'x':
 what is wrong``. Consents go through a staging table (COPY on PostgreSQL, batched inserts on
 SQLite) and one ``INSERT ... SELECT ... ON CONFLICT``: a million rows load in about 25 s on
-PostgreSQL on a 2-core machine (``tests/bench/test_load_consents.py``).
+PostgreSQL on a 2-core machine (``tests/bench/test_load_consents.py``). Access and refresh
+tokens are sealed (``batch.crypto``) as the rows are parsed, after the stored tokens were
+checked to open with the same keys: the database never holds one in plain text.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields
 from datetime import date, datetime, time, timedelta
 from pathlib import Path
@@ -24,6 +26,7 @@ from sqlalchemy.sql.dml import Insert
 
 from batch.clock import KST
 from batch.config import Institutions, Provider
+from batch.crypto import TokenCipher
 from batch.db.csv_input import (
     CsvInput,
     bad_timestamp,
@@ -33,6 +36,7 @@ from batch.db.csv_input import (
 from batch.db.engine import connect, transaction
 from batch.db.marks import mark_loaded
 from batch.db.schema import UTCDateTime, consents, institutions, settings, usage_daily
+from batch.db.tokens import check_stored_tokens
 from batch.errors import ConfigError
 from planning.calendar import week_start
 from planning.windows import Window, WindowError, parse_windows
@@ -287,8 +291,9 @@ def _sqlite_ts(kst_wall: datetime) -> str:
 
 
 def _parse_consents(src: CsvInput, known: frozenset[str], now: datetime, *,
-                    as_text: bool) -> Iterator[list[StageRow]]:
-    """Validate rows and yield them in chunks, ready for the staging table.
+                    as_text: bool, seal: Callable[[str], str]) -> Iterator[list[StageRow]]:
+    """Validate rows and yield them in chunks, ready for the staging table, tokens sealed
+    by ``seal`` (``TokenCipher.encrypt``).
 
     Timestamps are KST wall-clock (naive) here; the due week (``next_due_week``) is computed
     through a per-date cache of ``week_start`` on their KST dates.
@@ -338,7 +343,8 @@ def _parse_consents(src: CsvInput, known: frozenset[str], now: datetime, *,
         if start is None:
             start = week_start_at[due] = datetime.combine(due, time(0))
         not_before = consented if consented > start else start
-        refresh = (row[5] or None) if has_refresh else None
+        refresh = seal(row[5]) if has_refresh and row[5] else None
+        token = seal(token)
         if as_text:
             chunk.append((line, user_id, org, token, refresh, _sqlite_ts(consented),
                           None if last is None else _sqlite_ts(last), due.isoformat(),
@@ -385,18 +391,22 @@ async def _refuse_duplicates(conn: AsyncConnection, src: CsvInput) -> None:
 
 
 async def load_consents(engine: AsyncEngine, path: str | Path, *, now: datetime,
-                        ignore_extra: bool = False) -> int:
+                        cipher: TokenCipher, ignore_extra: bool = False) -> int:
     """Validate a consents CSV and upsert it on (user_id, org_code); returns the row count.
 
     Re-loading updates tokens and consent times; the weekly schedule only moves forward.
+    Tokens are stored sealed with ``cipher``; if it cannot open the tokens already stored
+    (a wrong key), TokenKeyError before anything is written.
     """
     _require_aware(now)
     with CsvInput(path, CONSENT_COLUMNS, CONSENT_OPTIONAL, ignore_extra=ignore_extra) as src:
         async with transaction(engine) as conn:
+            await check_stored_tokens(conn, cipher)
             known = await _org_codes(conn)
             sqlite_db = conn.dialect.name == "sqlite"
             # Parsing in a thread to overlap with the COPY was measured: no gain (GIL-bound).
-            count = await _stage(conn, _parse_consents(src, known, now, as_text=sqlite_db))
+            count = await _stage(conn, _parse_consents(src, known, now, as_text=sqlite_db,
+                                                       seal=cipher.encrypt))
             merge = text(_MERGE_SQLITE if sqlite_db else _MERGE_PG).bindparams(
                 bindparam("now", type_=UTCDateTime))
             if sqlite_db:

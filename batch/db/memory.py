@@ -4,6 +4,9 @@ Same contract as :class:`batch.db.work.SqlWorkStore` (tests/db/test_lifecycle_co
 holds both to identical rows): keyset order over (due_week, id), leases, the start mark,
 per-week counters, writes only by the lease holder. It applies the very column changes and
 rows that :mod:`batch.db.work` defines for each transition. Answers at once.
+
+Tokens are held plain: nothing here is at rest, so there is nothing to seal (the SQL store
+seals them; the contract compares what a claim hands out, opened).
 """
 
 from __future__ import annotations

@@ -12,13 +12,17 @@ resume point of another week than the claim's read as none: each week starts fre
 What a transition writes is said once, in :func:`consent_changes` and the row builders
 below; the SQL store and the in-memory twin (``batch.db.memory``) both apply those, each
 kind with one lease-guarded statement, so they cannot disagree.
+
+Tokens are sealed at rest (``batch.crypto``). The functions below read and write them as
+stored; :class:`SqlWorkStore` is the one seam that seals every token it writes and opens
+every token it hands out, with the :class:`~batch.crypto.TokenCipher` it is built with.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from typing import Any, Protocol
 
@@ -38,6 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from batch.client import Progress
+from batch.crypto import TokenCipher
 from batch.db.engine import transaction
 from batch.db.schema import (
     UTCDateTime,
@@ -465,16 +470,19 @@ class WorkStore(Protocol):
 
 
 class SqlWorkStore:
-    """The real store (SQLite or PostgreSQL): the functions above over one engine."""
+    """The real store (SQLite or PostgreSQL): the functions above over one engine, tokens
+    sealed with ``cipher`` on the way in and opened on the way out."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, cipher: TokenCipher) -> None:
         self.engine = engine
+        self.cipher = cipher
 
     async def claim(self, org_code: str, *, worker: str, week: date, now: datetime,
                     limit: int, after: Cursor = START,
                     lease: timedelta = timedelta(minutes=10)) -> list[Claim]:
-        return await claim(self.engine, org_code, worker=worker, week=week, now=now,
-                           limit=limit, after=after, lease=lease)
+        got = await claim(self.engine, org_code, worker=worker, week=week, now=now,
+                          limit=limit, after=after, lease=lease)
+        return [self._opened(c) for c in got]
 
     async def release(self, ids: Sequence[int], *, worker: str) -> int:
         return await release(self.engine, ids, worker=worker)
@@ -487,7 +495,17 @@ class SqlWorkStore:
 
     async def apply(self, changes: Sequence[Change], *, run_id: str, worker: str,
                     day: date) -> None:
-        await apply(self.engine, changes, run_id=run_id, worker=worker, day=day)
+        sealed = [self._sealed(ch) if isinstance(ch, TokenRefreshed) else ch
+                  for ch in changes]
+        await apply(self.engine, sealed, run_id=run_id, worker=worker, day=day)
 
     async def save_token(self, t: TokenRefreshed) -> None:
-        await save_token(self.engine, t)
+        await save_token(self.engine, self._sealed(t))
+
+    def _opened(self, c: Claim) -> Claim:
+        return replace(c, access_token=self.cipher.decrypt(c.access_token),
+                       refresh_token=self.cipher.decrypt_optional(c.refresh_token))
+
+    def _sealed(self, t: TokenRefreshed) -> TokenRefreshed:
+        return TokenRefreshed(t.consent_id, self.cipher.encrypt(t.access_token),
+                              self.cipher.encrypt_optional(t.refresh_token))

@@ -32,10 +32,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from batch.client import MydataClient, RefreshResult, make_http_client
 from batch.clock import KST, Clock
 from batch.config import Provider
+from batch.crypto import TokenCipher
 from batch.db import schema, work
 from batch.db.engine import init_db, transaction
 from batch.db.loaders import read_institutions
 from batch.db.nodes import register_node
+from batch.db.tokens import check_tokens
 from batch.dispatch import progress
 from batch.dispatch.policy import RetryPolicy
 from batch.dispatch.provider import DispatchSettings, ProviderDispatcher
@@ -151,9 +153,12 @@ def _step(name: str, run_id: str, **extra: object) -> None:
                                              **extra})
 
 
-async def read_inputs(engine: AsyncEngine, *, clock: Clock, options: RunOptions) -> RunInputs:
-    """Step 1: the schema, the providers (``--only``) and the time the run starts at."""
+async def read_inputs(engine: AsyncEngine, *, clock: Clock, options: RunOptions,
+                      cipher: TokenCipher) -> RunInputs:
+    """Step 1: the schema, the stored tokens open with ``cipher`` (a wrong key stops here,
+    before anything is written or called), the providers (``--only``) and the start time."""
     await init_db(engine)
+    await check_tokens(engine, cipher)
     institutions = await read_institutions(engine)
     unknown = set(options.only) - {p.org_code for p in institutions.providers}
     if unknown:
@@ -222,11 +227,12 @@ def provider_minutes(plan: DayPlan | None, open_minutes: Sequence[int], *,
 
 
 def build_pieces(inputs: RunInputs, plans: DayPlans, options: RunOptions, *,
-                 engine: AsyncEngine, clock: Clock, attempted_before: dict[str, int],
+                 engine: AsyncEngine, cipher: TokenCipher, clock: Clock,
+                 attempted_before: dict[str, int],
                  http_factory: Callable[[int], httpx.AsyncClient] | None = None) -> Pieces:
     """Step 3: build each provider's pieces (chain, client, policy, dispatcher)."""
     today, week = inputs.today, inputs.week
-    store = work.SqlWorkStore(engine)
+    store = work.SqlWorkStore(engine, cipher)
     writer = OutcomeWriter(store, run_id=options.run_id, worker=options.worker_id, day=today,
                            clock=clock)
     tran_ids = TranIdGenerator(inputs.operator_org_code, node_id=inputs.node_id)
@@ -358,6 +364,7 @@ async def run_day(
     *,
     clock: Clock,
     options: RunOptions,
+    cipher: TokenCipher,
     stream: TextIO | None = None,
     http_factory: Callable[[int], httpx.AsyncClient] | None = None,
     install_signals: bool = True,
@@ -366,7 +373,7 @@ async def run_day(
     execute, record); returns the summary and the exit code."""
     stream = stream or sys.stderr
     run_id = options.run_id
-    inputs = await read_inputs(engine, clock=clock, options=options)
+    inputs = await read_inputs(engine, clock=clock, options=options, cipher=cipher)
     _step("read_inputs", run_id, providers=len(inputs.providers),
           date=inputs.today.isoformat())
     await open_run(engine, inputs, options)
@@ -375,8 +382,9 @@ async def run_day(
         _step("plan", run_id, replanned=plans.replanned,
               planned=sum(p.batch_quota for p in plans.plans.values()))
         before = await work.attempted_today(engine, day=inputs.today)
-        pieces = build_pieces(inputs, plans, options, engine=engine, clock=clock,
-                              attempted_before=before, http_factory=http_factory)
+        pieces = build_pieces(inputs, plans, options, engine=engine, cipher=cipher,
+                              clock=clock, attempted_before=before,
+                              http_factory=http_factory)
         _step("build", run_id, dispatchers=len(pieces.dispatchers))
         done = await execute(pieces, options, clock=clock, day=inputs.today, stream=stream,
                              install_signals=install_signals)

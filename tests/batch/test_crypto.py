@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from batch.crypto import KEY_FILE_ENV, KEYS_ENV, TokenCipher, TokenKeyError, generate_key
+from batch.crypto import (
+    KEY_FILE_ENV,
+    KEYS_ENV,
+    TokenCipher,
+    TokenKeyError,
+    generate_key,
+    stored_key_id,
+)
 
 
 def test_a_sealed_token_opens_and_never_contains_the_plain_text() -> None:
@@ -68,3 +75,21 @@ def test_key_file_first_line_seals_comments_skipped(tmp_path: Path) -> None:
     c = TokenCipher.from_env({KEY_FILE_ENV: str(f)})
     assert c.is_current(c.encrypt("x"))
     assert TokenCipher.from_texts([k1]).decrypt(c.encrypt("x")) == "x"
+
+
+def test_the_stored_form_names_its_key_and_the_cipher_shows_no_key() -> None:
+    old, new = generate_key(), generate_key()
+    c = TokenCipher.from_texts([new, old])
+    sealed = c.encrypt("tok")
+    assert stored_key_id(sealed) == c.primary_id == TokenCipher.from_texts([new]).primary_id
+    assert stored_key_id("plain-token") is None and stored_key_id("v1.nothex!.x") is None
+    assert c.key_ids == {c.primary_id, TokenCipher.from_texts([old]).primary_id}
+    assert new not in repr(c) and old not in repr(c) and c.primary_id in repr(c)
+    assert c.encrypt_optional(None) is None and c.decrypt_optional(None) is None
+    assert c.decrypt_optional(c.encrypt_optional("r")) == "r"
+
+
+def test_every_seal_of_the_same_token_is_different() -> None:
+    c = TokenCipher.from_texts([generate_key()])
+    sealed = {c.encrypt("same") for _ in range(1000)}
+    assert len(sealed) == 1000 and {c.decrypt(s) for s in sealed} == {"same"}

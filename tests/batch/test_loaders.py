@@ -14,6 +14,7 @@ from batch.db.loaders import load_consents, load_institutions, load_usage, read_
 from batch.db.schema import consents, institutions, settings, usage_daily
 from batch.errors import ConfigError, InputError
 from planning.calendar import next_due_week
+from tests.sealing import CIPHER
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=KST)  # a Wednesday; its week starts 2026-11-22
 TOML = """\
@@ -110,12 +111,13 @@ async def test_reading_institutions_from_an_empty_database_says_what_to_do(
 async def test_consents_load_with_due_week_and_not_before(engine: AsyncEngine,
                                                           tmp_path: Path) -> None:
     await _with_institutions(engine)
-    n = await load_consents(engine, _write(tmp_path, "c.csv", GOOD_CONSENTS), now=NOW)
+    n = await load_consents(engine,
+                            _write(tmp_path, "c.csv", GOOD_CONSENTS), now=NOW, cipher=CIPHER)
     assert n == 3
 
     rows = await _rows(engine)
     a1 = rows[("u1", "BANK000001")]
-    assert a1["access_token"] == "tokA1" and a1["refresh_token"] == "refA1"
+    assert _opened(a1["access_token"]) == "tokA1" and _opened(a1["refresh_token"]) == "refA1"
     assert a1["due_week"] == date(2026, 11, 22)        # fetched last week: due this week
     assert a1["not_before"] == datetime(2026, 11, 22, tzinfo=KST)
     assert a1["status"] == "active"
@@ -140,7 +142,7 @@ async def test_due_week_matches_next_due_week_for_every_row(engine: AsyncEngine,
         fetched = c + timedelta(hours=7 * (i % 40) + 1)
         last = "" if i % 3 == 0 else (fetched.astimezone(UTC) if i % 2 else fetched).isoformat()
         lines.append(f"u{i},BANK000001,t,{c.isoformat()},{last},\n")
-    await load_consents(engine, _write(tmp_path, "c.csv", "".join(lines)), now=NOW)
+    await load_consents(engine, _write(tmp_path, "c.csv", "".join(lines)), now=NOW, cipher=CIPHER)
 
     for r in (await _rows(engine)).values():
         assert r["due_week"] == next_due_week(r["last_scheduled_at"],  # type: ignore[arg-type]
@@ -150,16 +152,17 @@ async def test_due_week_matches_next_due_week_for_every_row(engine: AsyncEngine,
 async def test_reloading_consents_upserts_tokens_without_duplicating(engine: AsyncEngine,
                                                                      tmp_path: Path) -> None:
     await _with_institutions(engine)
-    await load_consents(engine, _write(tmp_path, "c.csv", GOOD_CONSENTS), now=NOW)
+    await load_consents(engine, _write(tmp_path, "c.csv", GOOD_CONSENTS), now=NOW, cipher=CIPHER)
     again = GOOD_CONSENTS.replace("tokA1", "tokA1-new").replace(
         "u1,CARD000002,tokC1,2026-02-01T10:00:00,,",
         "u1,CARD000002,tokC1,2026-02-01T10:00:00,2026-11-23T02:00:00+09:00,")
     later = NOW + timedelta(hours=1)
-    assert await load_consents(engine, _write(tmp_path, "c2.csv", again), now=later) == 3
+    assert await load_consents(engine,
+                               _write(tmp_path, "c2.csv", again), now=later, cipher=CIPHER) == 3
 
     rows = await _rows(engine)
     assert len(rows) == 3
-    assert rows[("u1", "BANK000001")]["access_token"] == "tokA1-new"
+    assert _opened(rows[("u1", "BANK000001")]["access_token"]) == "tokA1-new"
     assert rows[("u1", "BANK000001")]["updated_at"] == later
     assert rows[("u1", "CARD000002")]["due_week"] == date(2026, 11, 29)  # fetched this week
 
@@ -169,13 +172,19 @@ async def test_reloading_an_older_file_never_moves_the_schedule_back(
     await _with_institutions(engine)
     newer = HEADER + "u1,BANK000001,t2,2026-01-01T00:00:00,2026-11-23T03:00:00,\n"
     older = HEADER + "u1,BANK000001,t1,2026-01-01T00:00:00,2026-11-16T03:00:00,r1\n"
-    await load_consents(engine, _write(tmp_path, "new.csv", newer), now=NOW)
-    await load_consents(engine, _write(tmp_path, "old.csv", older), now=NOW)
+    await load_consents(engine, _write(tmp_path, "new.csv", newer), now=NOW, cipher=CIPHER)
+    await load_consents(engine, _write(tmp_path, "old.csv", older), now=NOW, cipher=CIPHER)
 
     row = (await _rows(engine))[("u1", "BANK000001")]
     assert row["due_week"] == date(2026, 11, 29)
     assert row["last_scheduled_at"] == datetime(2026, 11, 23, 3, 0, tzinfo=KST)
-    assert row["access_token"] == "t1" and row["refresh_token"] == "r1"
+    assert _opened(row["access_token"]) == "t1" and _opened(row["refresh_token"]) == "r1"
+
+
+def _opened(stored: object) -> str:
+    """A stored token, which must be sealed with the session's key, opened."""
+    assert isinstance(stored, str) and stored.startswith(f"v1.{CIPHER.primary_id}."), stored
+    return CIPHER.decrypt(stored)
 
 
 def _bad(body: str) -> str:
@@ -221,12 +230,12 @@ async def test_bad_consents_name_file_line_field_and_write_nothing(
         engine: AsyncEngine, tmp_path: Path, content: str, line: int, field: str,
         words: str) -> None:
     await _with_institutions(engine)
-    await load_consents(engine, _write(tmp_path, "ok.csv", GOOD_CONSENTS), now=NOW)
+    await load_consents(engine, _write(tmp_path, "ok.csv", GOOD_CONSENTS), now=NOW, cipher=CIPHER)
     before = await _rows(engine)
     path = _write(tmp_path, "bad.csv", content)
 
     with pytest.raises(InputError) as err:
-        await load_consents(engine, path, now=NOW)
+        await load_consents(engine, path, now=NOW, cipher=CIPHER)
 
     msg = str(err.value)
     assert msg.startswith(f"{path}:{line}: field '{field}': ")
@@ -249,7 +258,7 @@ async def test_unreadable_consent_files_give_one_clear_line(
     path = tmp_path / name if content is None else _write(tmp_path, name, content)
 
     with pytest.raises(InputError) as err:
-        await load_consents(engine, path, now=NOW)
+        await load_consents(engine, path, now=NOW, cipher=CIPHER)
 
     assert str(err.value).startswith(str(path))
     assert words in str(err.value) and "\n" not in str(err.value)
@@ -266,7 +275,7 @@ async def test_error_in_a_late_chunk_rolls_back_earlier_chunks(
     path = _write(tmp_path, "c.csv", HEADER + body + "u99,BANK000001,t,soon,,\n")
 
     with pytest.raises(InputError) as err:
-        await load_consents(engine, path, now=NOW)
+        await load_consents(engine, path, now=NOW, cipher=CIPHER)
 
     assert err.value.line == 42
     assert await _count(engine, consents) == 0
@@ -279,7 +288,8 @@ async def test_duplicate_across_chunks_is_found(engine: AsyncEngine, tmp_path: P
     body = "".join(f"u{i % 12},BANK000001,t,2026-01-01T00:00:00,,\n" for i in range(20))
 
     with pytest.raises(InputError) as err:
-        await load_consents(engine, _write(tmp_path, "c.csv", HEADER + body), now=NOW)
+        await load_consents(engine,
+                            _write(tmp_path, "c.csv", HEADER + body), now=NOW, cipher=CIPHER)
 
     assert (err.value.line, err.value.field) == (14, "user_id")
     assert await _count(engine, consents) == 0
@@ -287,13 +297,15 @@ async def test_duplicate_across_chunks_is_found(engine: AsyncEngine, tmp_path: P
 
 async def test_header_only_file_loads_nothing(engine: AsyncEngine, tmp_path: Path) -> None:
     await _with_institutions(engine)
-    assert await load_consents(engine, _write(tmp_path, "c.csv", HEADER), now=NOW) == 0
+    assert await load_consents(engine,
+                               _write(tmp_path, "c.csv", HEADER), now=NOW, cipher=CIPHER) == 0
 
 
 async def test_consents_without_institutions_name_the_unknown_org(engine: AsyncEngine,
                                                                   tmp_path: Path) -> None:
     with pytest.raises(InputError, match="not a known provider"):
-        await load_consents(engine, _write(tmp_path, "c.csv", GOOD_CONSENTS), now=NOW)
+        await load_consents(engine,
+                            _write(tmp_path, "c.csv", GOOD_CONSENTS), now=NOW, cipher=CIPHER)
 
 
 # --- usage ---------------------------------------------------------------------------------
@@ -349,13 +361,13 @@ async def test_reloading_revives_a_dead_consent_only_for_a_newer_consent(
         engine: AsyncEngine, tmp_path: Path) -> None:
     await _with_institutions(engine)
     first = HEADER + "u1,BANK000001,t,2026-01-01T00:00:00,,\n"
-    await load_consents(engine, _write(tmp_path, "a.csv", first), now=NOW)
+    await load_consents(engine, _write(tmp_path, "a.csv", first), now=NOW, cipher=CIPHER)
     async with engine.begin() as conn:
         await conn.execute(consents.update().values(status="dead"))
 
-    await load_consents(engine, _write(tmp_path, "b.csv", first), now=NOW)
+    await load_consents(engine, _write(tmp_path, "b.csv", first), now=NOW, cipher=CIPHER)
     assert (await _rows(engine))[("u1", "BANK000001")]["status"] == "dead"
 
     newer = first.replace("2026-01-01T00:00:00", "2026-11-24T00:00:00")
-    await load_consents(engine, _write(tmp_path, "c.csv", newer), now=NOW)
+    await load_consents(engine, _write(tmp_path, "c.csv", newer), now=NOW, cipher=CIPHER)
     assert (await _rows(engine))[("u1", "BANK000001")]["status"] == "active"

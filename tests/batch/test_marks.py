@@ -12,6 +12,7 @@ from batch.clock import KST
 from batch.db.loaders import load_consents, load_institutions
 from batch.db.marks import load_generation, loaded_since, mark_loaded
 from tests.integration.helpers import free_ports, make_institutions
+from tests.sealing import CIPHER
 
 NOW = datetime(2026, 11, 30, 1, 0, tzinfo=KST)
 
@@ -25,12 +26,12 @@ async def test_each_load_of_consents_or_institutions_raises_the_generation(
     csv = tmp_path / "c.csv"
     csv.write_text("user_id,org_code,access_token,consented_at,last_scheduled_at\n"
                    "u1,BANK000000,tok,2026-10-01T10:00:00+09:00,\n")
-    await load_consents(engine, csv, now=NOW)
+    await load_consents(engine, csv, now=NOW, cipher=CIPHER)
     async with engine.connect() as conn:
         assert await load_generation(conn) == 2
         assert await loaded_since(conn, 1) == ("consents",)
         assert await loaded_since(conn, 0) == ("consents", "institutions")
-    await load_consents(engine, csv, now=NOW)
+    await load_consents(engine, csv, now=NOW, cipher=CIPHER)
     async with engine.connect() as conn:
         assert await load_generation(conn) == 3
 
@@ -44,7 +45,7 @@ async def test_a_refused_load_records_nothing(engine: AsyncEngine, tmp_path: Pat
     bad.write_text("user_id,org_code,access_token,consented_at,last_scheduled_at\n"
                    "u1,NOPE000000,tok,2026-10-01T10:00:00+09:00,\n")
     with pytest.raises(MydataError):
-        await load_consents(engine, bad, now=NOW)
+        await load_consents(engine, bad, now=NOW, cipher=CIPHER)
     async with engine.connect() as conn:
         assert await loaded_since(conn, 1) == ()
 

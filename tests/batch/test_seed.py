@@ -18,6 +18,7 @@ from batch.db.schema import consents, institutions, usage_daily
 from batch.seed import SeedParams, load_seed, load_time, write_seed
 from planning.calendar import next_due_week, week_start
 from planning.windows import day_minutes, parse_windows
+from tests.sealing import CIPHER
 
 TODAY = date(2026, 11, 25)  # a Wednesday: three days of this week are already past
 
@@ -108,7 +109,7 @@ def test_usage_history_shows_weekday_payday_and_month_end_effects(tmp_path: Path
 
 async def test_seed_files_load_through_the_loaders(engine: AsyncEngine, tmp_path: Path) -> None:
     result = write_seed(SeedParams(today=TODAY, consents=5000), tmp_path)
-    counts = await load_seed(engine, result.files, now=load_time(TODAY, pd.Timestamp(
+    counts = await load_seed(engine, result.files, cipher=CIPHER, now=load_time(TODAY, pd.Timestamp(
         "2026-11-25T13:00:00+09:00").to_pydatetime()))
 
     assert counts == (5, 5000, 5 * 8 * 7)

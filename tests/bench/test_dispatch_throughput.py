@@ -66,6 +66,7 @@ from batch.simulator import SimulatorProcess
 from planning.calendar import week_start
 from tests.conftest import PG_ADMIN_URL, _admin
 from tests.integration.helpers import free_ports
+from tests.sealing import CIPHER, seal
 
 PROVIDERS = int(os.environ.get("DISPATCH_BENCH_PROVIDERS", "4"))
 BARE_SECONDS = float(os.environ.get("DISPATCH_BENCH_BARE_SECONDS", "5"))
@@ -226,7 +227,8 @@ async def _prepare(url: str, insts: Institutions, plan: dict[int, int]) -> Async
             for lo in range(0, per_provider, 20_000):
                 await conn.execute(insert(schema.consents), [
                     {"user_id": f"u{i}", "org_code": p.org_code,
-                     "access_token": f"tok-{p.org_code}-{i}", "refresh_token": f"r-{i}",
+                     "access_token": seal(f"tok-{p.org_code}-{i}"),
+                     "refresh_token": seal(f"r-{i}"),
                      "consented_at": now - timedelta(days=40),
                      "last_scheduled_at": now - timedelta(days=7), "due_week": WEEK,
                      "not_before": now - timedelta(days=40), "updated_at": now}
@@ -263,7 +265,7 @@ async def _run(url: str, insts: Institutions, plan: dict[int, int]) -> RunFigure
         start = datetime(2026, 11, 30, 0, 59, 57, tzinfo=KST)
         clock = ScaledClock(1.0, start=start)  # speed 1: real seconds, shifted wall clock
         t0 = time.monotonic()
-        res = await run_day(engine, clock=clock, options=RunOptions(
+        res = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(
             progress="none", lease=timedelta(minutes=10)), stream=io.StringIO(),
             install_signals=False)
         elapsed_total = time.monotonic() - t0

@@ -2,8 +2,9 @@
 
 Run: ``pytest -s tests/bench/test_load_consents.py`` (MYDATA_BENCH_ROWS to change the size).
 The baseline is asyncpg ``copy_records_to_table`` straight into ``consents`` (same indexes
-and foreign key) of rows parsed beforehand (aware datetimes), untimed, with no validation,
-no staging and no upsert: what a plain bulk insert of these rows costs on this machine.
+and foreign key) of rows parsed beforehand (aware datetimes, tokens sealed), untimed, with
+no validation, no staging and no upsert: what a plain bulk insert of these rows costs on
+this machine. The sealing line is what encrypting the tokens costs inside the load.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from batch.clock import KST
 from batch.db import loaders
 from batch.db.csv_input import CsvInput
 from batch.db.engine import init_db, make_engine
+from batch.db.tokens import check_tokens
 from batch.seed import SeedParams, load_time, write_seed
+from tests.sealing import CIPHER
 
 ROWS = int(os.environ.get("MYDATA_BENCH_ROWS", "1000000"))
 TODAY = date(2026, 11, 25)
@@ -53,13 +56,24 @@ async def test_load_consents_million(pg_url: str, sqlite_url: str, tmp_path: Pat
 
     engine = await _fresh(pg_url, seeded.files.institutions)
     known = frozenset(p.org_code for p in seeded.providers)
+    tokens: list[str] = []
+
+    def seal(token: str) -> str:
+        tokens.append(token)
+        return CIPHER.encrypt(token)
+
     with CsvInput(path, loaders.CONSENT_COLUMNS, loaders.CONSENT_OPTIONAL) as src:
         records = [
             (r[1], r[2], r[3], r[4], r[5].replace(tzinfo=KST),
              r[6] and r[6].replace(tzinfo=KST), r[7], r[8].replace(tzinfo=KST), "active", NOW)
-            for chunk in loaders._parse_consents(src, known, NOW, as_text=False)
+            for chunk in loaders._parse_consents(src, known, NOW, as_text=False, seal=seal)
             for r in chunk
         ]
+    # What sealing the tokens costs inside load_consents (two tokens a row, one key).
+    t = time.perf_counter()
+    for tok in tokens:
+        CIPHER.encrypt(tok)
+    seal_s = time.perf_counter() - t
     out = []
     try:
         async with engine.begin() as conn:
@@ -70,23 +84,28 @@ async def test_load_consents_million(pg_url: str, sqlite_url: str, tmp_path: Pat
             base = time.perf_counter() - t
         del records
         out.append(_line("baseline: COPY pre-parsed rows (PostgreSQL)", ROWS, base, None))
+        out.append(_line(f"sealing {len(tokens)} tokens (AES-256-GCM)", ROWS, seal_s, base))
         async with engine.begin() as conn:
             await conn.execute(text("TRUNCATE consents, dead_letters"))
         t = time.perf_counter()
-        n = await loaders.load_consents(engine, path, now=NOW)
+        n = await loaders.load_consents(engine, path, now=NOW, cipher=CIPHER)
         out.append(_line("load_consents, empty table (PostgreSQL)", n,
                          time.perf_counter() - t, base))
         t = time.perf_counter()
-        n = await loaders.load_consents(engine, path, now=NOW)
+        n = await loaders.load_consents(engine, path, now=NOW, cipher=CIPHER)
         out.append(_line("load_consents, re-load = upsert (PostgreSQL)", n,
                          time.perf_counter() - t, base))
+        t = time.perf_counter()
+        await check_tokens(engine, CIPHER)  # what `run` and every load start with
+        out.append(_line("stored-token key check (PostgreSQL)", n, time.perf_counter() - t,
+                         base))
     finally:
         await engine.dispose()
 
     engine = await _fresh(sqlite_url, seeded.files.institutions)
     try:
         t = time.perf_counter()
-        n = await loaders.load_consents(engine, path, now=NOW)
+        n = await loaders.load_consents(engine, path, now=NOW, cipher=CIPHER)
         out.append(_line("load_consents, empty table (SQLite; vs PG base)", n,
                          time.perf_counter() - t, base))
     finally:

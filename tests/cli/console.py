@@ -18,6 +18,7 @@ from batch.db import schema
 from batch.db.engine import init_db, make_engine
 from batch.db.loaders import load_consents, load_institutions, load_usage
 from tests.integration.helpers import subprocess_env
+from tests.sealing import CIPHER
 
 BIN = Path(sys.executable).with_name("mydata-batch")
 #: A fixed time for every command: Tuesday 2026-12-01 12:00 KST (the week of 2026-11-29).
@@ -93,7 +94,8 @@ def load_all(db: str, tmp: Path) -> None:
         try:
             await init_db(engine)
             await load_institutions(engine, parse_institutions(TOML), now=NOW)
-            await load_consents(engine, write(tmp, "consents.csv", CONSENTS), now=NOW)
+            await load_consents(engine,
+                                write(tmp, "consents.csv", CONSENTS), now=NOW, cipher=CIPHER)
             await load_usage(engine, write(tmp, "usage.csv", USAGE), now=NOW)
         finally:
             await engine.dispose()

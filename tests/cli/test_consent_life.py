@@ -22,6 +22,7 @@ from tests.cli.console import (
     snapshot,
     write,
 )
+from tests.sealing import CIPHER
 
 WEEK = date(2026, 11, 29)
 c = schema.consents.c
@@ -42,9 +43,11 @@ def test_revoke_by_file_and_by_id_erases_tokens_and_stops_the_consent(tmp_path: 
     assert res.stdout.strip() == "revoked 2 consent(s), their tokens erased"
     rows = {r.user_id: r for r in query(db_url, select(
         c.user_id, c.status, c.access_token, c.refresh_token))}
-    assert {u: (r.status, r.access_token, r.refresh_token) for u, r in rows.items()} == {
-        "u1": ("revoked", "", None), "u2": ("revoked", "", None),
-        "u3": ("active", "tok3", "r3")}
+    assert {u: (r.status, r.access_token, r.refresh_token) for u, r in rows.items()
+            if u != "u3"} == {"u1": ("revoked", "", None), "u2": ("revoked", "", None)}
+    u3 = rows["u3"]  # untouched: still stored sealed
+    assert (u3.status, CIPHER.decrypt(u3.access_token), CIPHER.decrypt(u3.refresh_token)) == (
+        "active", "tok3", "r3")
     # re-loading the old consents file does not bring the tokens back
     ok(cli("--db", db_url, "load", "consents", str(tmp_path / "consents.csv")))
     rows = {r.user_id: r for r in query(db_url, select(

@@ -15,6 +15,7 @@ from batch.db import schema
 from batch.planner import build_week_plan, save_plan
 from batch.seed import SeedParams, load_seed, write_seed
 from planning.calendar import KST
+from tests.sealing import CIPHER
 
 SUNDAY = date(2026, 11, 29)
 NOW = datetime.combine(SUNDAY, time(0), tzinfo=KST)
@@ -24,7 +25,7 @@ async def test_dashboard_flatness_equals_the_saved_plans_peak_over_mean(
         engine: AsyncEngine, tmp_path: Path) -> None:
     seeded = write_seed(SeedParams(today=SUNDAY, providers=3, consents=3_000), tmp_path)
     assert seeded.last_usage_day < SUNDAY  # no actuals this week: both read the forecast
-    await load_seed(engine, seeded.files, now=NOW)
+    await load_seed(engine, seeded.files, now=NOW, cipher=CIPHER)
     orgs = [p.org_code for p in seeded.providers]
     # a non-integer calls per consent, so the per-day rounding has to agree too
     async with engine.begin() as conn:

@@ -1,5 +1,9 @@
 """The store contract: every lifecycle scenario on the in-memory store, SQLite and
-PostgreSQL, with identical consent, outcome, dead-letter and dead-asset rows."""
+PostgreSQL, with identical consent, outcome, dead-letter and dead-asset rows.
+
+Tokens are compared as the dispatcher sees them: the SQL stores must hold every one sealed
+with the store's key (checked on every read of the rows), and are compared once opened; the
+in-memory store holds them plain (nothing of it is at rest)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.client import Progress, RefreshResult
+from batch.crypto import stored_key_id
 from batch.db import schema
 from batch.db.engine import init_db, make_engine
 from batch.db.memory import MemoryConsent, MemoryWorkStore
@@ -34,6 +39,7 @@ from batch.lifecycle import (
     decide,
 )
 from batch.resilience.outcomes import Kind, Outcome
+from tests.sealing import CIPHER
 
 ORG = "BANK000001"
 WEEK = date(2026, 11, 29)
@@ -65,7 +71,8 @@ class Harness:
                 windows='["0000:2400"]', calls_per_second=10, max_concurrency=5,
                 updated_at=NOW))
             await conn.execute(insert(schema.consents), [
-                {"id": i, "user_id": f"user{i}", "org_code": ORG, "access_token": f"token-{i}",
+                {"id": i, "user_id": f"user{i}", "org_code": ORG,
+                 "access_token": CIPHER.encrypt(f"token-{i}"),
                  "consented_at": NOW - timedelta(days=30), "due_week": due_week,
                  "not_before": NOW - timedelta(days=1), "updated_at": NOW - timedelta(days=1)}
                 for i in range(1, n + 1)])
@@ -109,6 +116,12 @@ class Harness:
                 select(schema.dead_assets))).all()]
         for r in outs + letters:
             del r["id"]
+        for r in cons:
+            for k in ("access_token", "refresh_token"):
+                if r[k]:  # None (no refresh token) stays None
+                    assert stored_key_id(r[k]) == CIPHER.primary_id, (
+                        f"{self.name}: consent {r['id']}'s {k} is stored unsealed")
+                    r[k] = CIPHER.decrypt(r[k])
         return _normal({"consents": cons, "outcomes": outs, "dead_letters": letters,
                         "dead_assets": assets})
 
@@ -133,8 +146,8 @@ async def harnesses(sqlite_url: str, pg_url: str) -> AsyncIterator[list[Harness]
         await init_db(e)
     try:
         yield [Harness("memory", MemoryWorkStore(), None),
-               Harness("sqlite", SqlWorkStore(engines[0]), engines[0]),
-               Harness("postgresql", SqlWorkStore(engines[1]), engines[1])]
+               Harness("sqlite", SqlWorkStore(engines[0], CIPHER), engines[0]),
+               Harness("postgresql", SqlWorkStore(engines[1], CIPHER), engines[1])]
     finally:
         for e in engines:
             await e.dispose()

@@ -37,6 +37,7 @@ from tests.integration.helpers import (
     make_institutions,
     populate,
 )
+from tests.sealing import CIPHER
 
 # 07:00 on Monday: every provider's window 00:00-06:00 is over, so a run plans and stops.
 AFTER_WINDOW = datetime(2026, 11, 30, 7, 0, tzinfo=KST)
@@ -47,7 +48,7 @@ def _options(**kw: object) -> RunOptions:
 
 
 async def _run(engine: AsyncEngine, when: datetime = AFTER_WINDOW, **kw: object) -> object:
-    res = await run_day(engine, clock=FakeClock(when), options=_options(**kw),
+    res = await run_day(engine, cipher=CIPHER, clock=FakeClock(when), options=_options(**kw),
                         stream=io.StringIO(), install_signals=False)
     return res.summary
 
@@ -93,13 +94,13 @@ async def test_read_inputs_filters_by_only_and_refuses_an_unknown_org(
     insts = make_institutions(free_ports(2))
     await populate(engine, insts, per_provider=1, now=AFTER_WINDOW)
     first = insts.providers[0].org_code
-    inputs = await read_inputs(engine, clock=FakeClock(AFTER_WINDOW),
+    inputs = await read_inputs(engine, cipher=CIPHER, clock=FakeClock(AFTER_WINDOW),
                                options=_options(only=(first,)))
     assert [p.org_code for p in inputs.providers] == [first]
     assert (inputs.today, inputs.week, inputs.operator_org_code) == (
         DAY, DAY - timedelta(1), "OPERATOR01")
     with pytest.raises(InputError, match="NOPE000000"):
-        await read_inputs(engine, clock=FakeClock(AFTER_WINDOW),
+        await read_inputs(engine, cipher=CIPHER, clock=FakeClock(AFTER_WINDOW),
                           options=_options(only=("NOPE000000",)))
 
 
@@ -126,7 +127,7 @@ async def test_a_plan_made_under_other_windows_is_replanned_for_the_new_ones(
     await _saved_plan(engine, '["0000:0600"]', when=early)
     await _reload(engine, '["1200:1800"]', early + timedelta(minutes=5))
     clock = FakeClock(early + timedelta(minutes=10))
-    inputs = await read_inputs(engine, clock=clock, options=_options())
+    inputs = await read_inputs(engine, cipher=CIPHER, clock=clock, options=_options())
     plans = await ensure_plan(engine, inputs, _options())
     assert plans.replanned is not None
     assert "institutions loaded again" in plans.replanned
@@ -141,7 +142,7 @@ async def test_consents_loaded_again_make_the_plan_stale(engine: AsyncEngine) ->
     early = datetime(2026, 11, 30, 0, 10, tzinfo=KST)
     await _saved_plan(engine, '["0000:0600"]', when=early)
     clock = FakeClock(early + timedelta(minutes=10))
-    inputs = await read_inputs(engine, clock=clock, options=_options())
+    inputs = await read_inputs(engine, cipher=CIPHER, clock=clock, options=_options())
     assert (await ensure_plan(engine, inputs, _options())).replanned is None
     async with engine.begin() as conn:  # what load_consents records in its transaction
         await mark_loaded(conn, "consents", early + timedelta(minutes=5))
@@ -158,7 +159,8 @@ async def test_an_override_replans_today_when_the_saved_plan_gave_it_nothing(
     assert (await load_day_plan(engine, day=DAY))["BANK000000"].batch_quota == 0
     override = (parse_window("2000:2030", step=1),)
     options = _options(window_override=override)
-    inputs = await read_inputs(engine, clock=FakeClock(AFTER_WINDOW + timedelta(hours=1)),
+    inputs = await read_inputs(engine, cipher=CIPHER,
+                               clock=FakeClock(AFTER_WINDOW + timedelta(hours=1)),
                                options=options)
     with caplog.at_level(logging.INFO, logger="mydata.run"):
         plans = await ensure_plan(engine, inputs, options)
@@ -194,10 +196,11 @@ async def test_build_gives_each_dispatcher_only_minutes_inside_its_current_windo
     early = datetime(2026, 11, 30, 0, 10, tzinfo=KST)
     await _saved_plan(engine, '["0000:0600"]', when=early)
     await _reload(engine, '["0300:0900"]', early)
-    inputs = await read_inputs(engine, clock=FakeClock(early), options=_options())
+    inputs = await read_inputs(engine, cipher=CIPHER, clock=FakeClock(early), options=_options())
     stale = DayPlans(await load_day_plan(engine, day=DAY))  # as if the plan were run as is
     assert min(stale.plans["BANK000000"].minutes) < 180
-    pieces = build_pieces(inputs, stale, _options(), engine=engine, clock=FakeClock(early),
+    pieces = build_pieces(inputs, stale, _options(), engine=engine, cipher=CIPHER,
+                          clock=FakeClock(early),
                           attempted_before={},
                           http_factory=lambda n: httpx.AsyncClient())
     try:
@@ -215,9 +218,10 @@ async def test_execute_with_nothing_planned_ends_at_once_and_writes_everything(
 ) -> None:
     await _saved_plan(engine, '["0000:0600"]', when=AFTER_WINDOW)
     clock = FakeClock(AFTER_WINDOW)
-    inputs = await read_inputs(engine, clock=clock, options=_options())
+    inputs = await read_inputs(engine, cipher=CIPHER, clock=clock, options=_options())
     plans = await ensure_plan(engine, inputs, _options())
-    pieces = build_pieces(inputs, plans, _options(), engine=engine, clock=clock,
+    pieces = build_pieces(inputs, plans, _options(), engine=engine, cipher=CIPHER,
+                          clock=clock,
                           attempted_before={}, http_factory=lambda n: httpx.AsyncClient())
     done = await execute(pieces, _options(), clock=clock, day=DAY, stream=io.StringIO(),
                          install_signals=False)
@@ -245,7 +249,7 @@ async def test_a_run_that_ends_on_an_error_is_closed_as_failed_with_the_reason(
         raise OSError("no file descriptors left")
 
     with pytest.raises(OSError):
-        await run_day(engine, clock=FakeClock(AFTER_WINDOW), options=_options(),
+        await run_day(engine, cipher=CIPHER, clock=FakeClock(AFTER_WINDOW), options=_options(),
                       stream=io.StringIO(), install_signals=False, http_factory=broken)
     async with engine.connect() as conn:
         row = (await conn.execute(select(schema.runs))).one()
@@ -273,7 +277,7 @@ async def test_a_run_whose_week_plan_cannot_place_consents_needs_attention(
     saturday = datetime(2026, 12, 5, 7, 0, tzinfo=KST)
     insts = make_institutions(free_ports(1), industries=("bank",))
     await populate(engine, insts, per_provider=12, now=saturday - timedelta(days=5), quota=12)
-    res = await run_day(engine, clock=FakeClock(saturday), options=_options(),
+    res = await run_day(engine, cipher=CIPHER, clock=FakeClock(saturday), options=_options(),
                         stream=io.StringIO(), install_signals=False)
     (p,) = res.summary.providers
     assert p.count("unplaceable_this_week") == 12

@@ -16,6 +16,7 @@ from batch.db import schema
 from batch.db.engine import init_db, make_engine
 from batch.db.loaders import load_institutions
 from planning.calendar import week_start
+from tests.sealing import seal
 
 DAY = date(2026, 11, 30)  # a Monday
 WEEK = week_start(DAY)
@@ -56,7 +57,8 @@ def make_institutions(ports: list[int], **kw: object) -> Institutions:
 
 async def populate(engine: AsyncEngine, insts: Institutions, *, per_provider: int,
                    now: datetime, quota: int | None = None) -> dict[str, list[str]]:
-    """Institutions, ``per_provider`` consents due this week each, and today's plan rows."""
+    """Institutions, ``per_provider`` consents due this week each, and today's plan rows.
+    Returns the plain access tokens per provider (stored sealed, as the loader does)."""
     await load_institutions(engine, insts, now=now)
     tokens: dict[str, list[str]] = {}
     async with engine.begin() as conn:
@@ -64,8 +66,8 @@ async def populate(engine: AsyncEngine, insts: Institutions, *, per_provider: in
             toks = [f"tok-{p.org_code}-{i:05d}" for i in range(per_provider)]
             tokens[p.org_code] = toks
             await conn.execute(insert(schema.consents), [
-                {"user_id": f"user{i}", "org_code": p.org_code, "access_token": t,
-                 "refresh_token": f"r{t}", "consented_at": now - timedelta(days=40),
+                {"user_id": f"user{i}", "org_code": p.org_code, "access_token": seal(t),
+                 "refresh_token": seal(f"r{t}"), "consented_at": now - timedelta(days=40),
                  "last_scheduled_at": now - timedelta(days=7), "due_week": WEEK,
                  "not_before": now - timedelta(days=40), "updated_at": now}
                 for i, t in enumerate(toks)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from datetime import datetime
@@ -10,7 +11,11 @@ from pathlib import Path
 import pytest
 
 from batch.clock import KST, ScaledClock
+from batch.crypto import KEY_FILE_ENV, KEYS_ENV
+from batch.demo import KEY_FILE, demo_cipher
 from tests.integration.helpers import subprocess_env
+from tests.integration.test_tokens_dump import full_dump
+from tests.sealing import CIPHER
 
 pytestmark = pytest.mark.integration
 
@@ -38,3 +43,41 @@ def test_demo_seeds_plans_runs_and_passes_its_checks(tmp_path: Path) -> None:
         assert not any(s in seen for s in secrets)
     for name in ("institutions.toml", "consents.csv", "usage.csv", "demo.db"):
         assert (out / name).exists()
+
+    # A full SQL dump of the demo's database holds no token in plain text: none of the
+    # seed file's, none the run stored (refreshed ones included), opened with its key.
+    dump = full_dump(f"sqlite:///{out / 'demo.db'}")
+    rows = [ln.split(",") for ln in (out / "consents.csv").read_text().splitlines()[1:]]
+    from_file = {t for r in rows for t in (r[2], r[-1]) if t}
+    assert len(from_file) == 2 * 3000
+    assert not [t for t in from_file if t in dump]
+    assert "','AT" not in dump and "','RT" not in dump
+    opened = _stored_tokens(out / "demo.db")
+    assert opened and not [t for t in opened if t in dump]
+
+
+def _stored_tokens(db: Path) -> set[str]:
+    import sqlite3
+
+    conn = sqlite3.connect(db)
+    try:
+        rows = conn.execute("SELECT access_token, refresh_token FROM consents").fetchall()
+    finally:
+        conn.close()
+    return {CIPHER.decrypt(t) for r in rows for t in r if t}
+
+
+def test_the_demo_makes_its_own_key_unless_the_environment_gives_one(tmp_path: Path) -> None:
+    cipher, where = demo_cipher(tmp_path, {})
+    key_file = tmp_path / KEY_FILE
+    assert where == str(key_file) and key_file.stat().st_mode & 0o777 == 0o600
+    assert cipher.decrypt(cipher.encrypt("t")) == "t"
+    again, _ = demo_cipher(tmp_path, {})  # each demo starts afresh, with a new key
+    assert again.primary_id != cipher.primary_id
+    key_file.unlink()
+    given, where = demo_cipher(tmp_path, {KEYS_ENV: os.environ[KEYS_ENV]})
+    assert (given.primary_id, where) == (CIPHER.primary_id, KEYS_ENV)
+    assert not key_file.exists()
+    (tmp_path / "k").write_text(os.environ[KEYS_ENV] + "\n")
+    from_file, where = demo_cipher(tmp_path, {KEY_FILE_ENV: str(tmp_path / "k")})
+    assert from_file.primary_id == CIPHER.primary_id and not key_file.exists()

@@ -18,6 +18,7 @@ from batch.simulator import Simulator, consent_key
 from planning.windows import parse_window
 from tests.cli.console import cli, ok, write
 from tests.integration.helpers import free_ports, make_institutions, populate
+from tests.sealing import CIPHER
 
 pytestmark = pytest.mark.integration
 PER_PROVIDER = 30
@@ -49,7 +50,7 @@ async def test_revoked_consents_get_no_call_and_keep_no_token(tmp_path: Path,
         clock = ScaledClock(10, start=start)
         window = parse_window("0100:0102", step=1)
         async with Simulator(insts, clock=clock, window_override=[window]) as sim:
-            result = await run_day(engine, clock=clock, options=RunOptions(
+            result = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(
                 window_override=(window,), progress="none",
                 lease=timedelta(minutes=5)), stream=io.StringIO(), install_signals=False)
             stats = sim.stats(detail=True)

@@ -20,6 +20,7 @@ from batch.dispatch.runner import RunOptions, run_day
 from batch.simulator import Simulator, consent_key
 from planning.windows import parse_window
 from tests.integration.helpers import DAY, WEEK, free_ports, make_institutions, populate
+from tests.sealing import CIPHER
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +33,7 @@ async def test_a_short_window_run_attempts_every_due_consent_exactly_once(
     tokens = await populate(engine, insts, per_provider=120, now=clock.now())
     window = parse_window("0100:0102", step=1)
     async with Simulator(insts, clock=clock, window_override=[window]) as sim:
-        res = await run_day(engine, clock=clock, options=RunOptions(
+        res = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(
             window_override=(window,), progress="none", page_limit=1,
             lease=timedelta(minutes=5)), stream=io.StringIO(), install_signals=False)
         stats = sim.stats(detail=True)

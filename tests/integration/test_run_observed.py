@@ -35,6 +35,7 @@ from batch.observe.thresholds import ThresholdSet
 from batch.simulator import Behaviour, Scenario, Simulator
 from planning.windows import parse_window
 from tests.integration.helpers import free_ports, make_institutions, populate
+from tests.sealing import CIPHER
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +70,7 @@ async def observed_run(engine: AsyncEngine, tmp_path: Path, stream: io.StringIO,
     setup_logging(level="DEBUG", stream=stream, tty=False, run_id=options.run_id,
                   worker_id=options.worker_id)
     async with Simulator(insts, scenario, clock=clock, window_override=[WINDOW]) as sim:
-        res = await run_day(engine, clock=clock, options=options, stream=stream,
+        res = await run_day(engine, cipher=CIPHER, clock=clock, options=options, stream=stream,
                             install_signals=False)
         stats = sim.stats()
     return res, stats, tokens, textfile.read_text(), clock

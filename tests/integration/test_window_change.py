@@ -16,6 +16,7 @@ from batch.dispatch.runner import RunOptions, run_day
 from batch.planner import build_week_plan, load_day_plan, save_plan
 from batch.simulator import Simulator
 from tests.integration.helpers import DAY, free_ports, institutions_toml, populate
+from tests.sealing import CIPHER
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +39,7 @@ async def test_a_plan_saved_before_a_window_change_calls_nothing_outside_the_new
     await load_institutions(engine, new, now=saved_at)         # windows now 00:00-06:00
     clock = ScaledClock(10, start=saved_at + timedelta(seconds=65))   # 23:59:05
     async with Simulator(new, clock=clock) as sim:
-        res = await run_day(engine, clock=clock, options=RunOptions(progress="none"),
+        res = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(progress="none"),
                             stream=io.StringIO(), install_signals=False)
         stats = sim.stats()
 

@@ -1,0 +1,154 @@
+"""Stored tokens against the keys at hand: the check every token command starts with, and
+re-sealing with the first key (``keys rotate``).
+
+The database holds access and refresh tokens only sealed (``batch.crypto``). A command
+that reads or writes them first makes sure the keys it was given open what is stored, so
+a wrong key is one line before anything is written or called, never a half-loaded file or
+a night of failed claims: every stored token must carry the id of a key in the list (one
+scan, grouped by key id), and one token per key id must really open.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import bindparam, case, func, literal, literal_column, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from batch.crypto import KEY_FILE_ENV, KEYS_ENV, VERSION, TokenCipher, TokenKeyError
+from batch.db.engine import connect, transaction
+from batch.db.revocation import ERASED
+from batch.db.schema import consents
+
+#: Consents re-sealed per transaction by :func:`reseal_all`.
+RESEAL_CHUNK = 5000
+_PLAIN = "plain"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredKeys:
+    """What the stored tokens are sealed with: tokens per key id, and plain-text tokens
+    (written by a version before encryption at rest)."""
+
+    by_key: dict[str, int]
+    plain: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_key.values()) + self.plain
+
+
+def _key_of(column: str) -> Any:
+    """The key id a stored token names, 'plain' if it is not sealed, NULL if none/erased."""
+    col = consents.c[column]
+    return case((col.is_(None) | (col == ERASED), literal(None)),
+                (func.substr(col, 1, len(VERSION) + 1) == f"{VERSION}.",
+                 func.substr(col, len(VERSION) + 2, 8)),
+                else_=literal(_PLAIN))
+
+
+#: One scan of ``consents``: how many rows per (access key id, refresh key id) pair.
+_SURVEY = (select(_key_of("access_token").label("a"), _key_of("refresh_token").label("r"),
+                  func.count().label("n"), func.min(consents.c.id).label("first"))
+           .group_by(literal_column("a"), literal_column("r")))
+
+
+async def _survey(conn: AsyncConnection, cipher: TokenCipher) -> StoredKeys:
+    by_key: dict[str, int] = {}
+    plain = 0
+    samples: dict[str, tuple[str, int]] = {}
+    for a, r, n, first in (await conn.execute(_SURVEY)).all():
+        for column, k in (("access_token", a), ("refresh_token", r)):
+            if k is None:
+                continue
+            if k == _PLAIN:
+                plain += int(n)
+                continue
+            by_key[str(k)] = by_key.get(str(k), 0) + int(n)
+            samples.setdefault(str(k), (column, int(first)))
+    for k, (column, first) in samples.items():
+        if k in cipher.key_ids:
+            # The id matches: make sure the key really opens (a corrupt row would not).
+            stored = (await conn.execute(select(consents.c[column]).where(
+                consents.c.id == first))).scalar_one()
+            cipher.decrypt(stored)
+    return StoredKeys(by_key, plain)
+
+
+async def check_stored_tokens(conn: AsyncConnection, cipher: TokenCipher, *,
+                              allow_plain: bool = False) -> StoredKeys:
+    """Raise TokenKeyError (one line) unless ``cipher`` opens every stored token; a
+    plain-text token is refused too unless ``allow_plain`` (``keys rotate`` seals them)."""
+    found = await _survey(conn, cipher)
+    unknown = sorted(k for k in found.by_key if k not in cipher.key_ids)
+    if unknown:
+        n = sum(found.by_key[k] for k in unknown)
+        held = ", ".join(sorted(cipher.key_ids))
+        raise TokenKeyError(
+            f"{n} stored token(s) were sealed with key(s) {', '.join(unknown)}, which "
+            f"{KEYS_ENV}/{KEY_FILE_ENV} does not hold (it holds {held}): a wrong key, or "
+            "an old key dropped before `mydata-batch keys rotate`")
+    if found.plain and not allow_plain:
+        raise TokenKeyError(
+            f"{found.plain} stored token(s) are not encrypted (written by a version before "
+            "encryption at rest): seal them with `mydata-batch keys rotate`")
+    return found
+
+
+async def check_tokens(engine: AsyncEngine, cipher: TokenCipher) -> StoredKeys:
+    """:func:`check_stored_tokens` on a connection of its own (``run`` starts with it)."""
+    async with connect(engine) as conn:
+        return await check_stored_tokens(conn, cipher)
+
+
+@dataclass(frozen=True, slots=True)
+class Resealed:
+    """What ``keys rotate`` did: consents looked at, re-sealed, and changed meanwhile by
+    someone else (a running batch saving a refreshed token: left as that wrote them)."""
+
+    seen: int
+    resealed: int
+    skipped: int
+
+
+async def reseal_all(engine: AsyncEngine, cipher: TokenCipher) -> Resealed:
+    """Re-seal every stored token with the first key (plain-text ones are sealed), a chunk
+    of consents per transaction. Every row opens with the list before and after, so a stop
+    part way is safe: run it again. A row changed since it was read (a refreshed token
+    saved by a running batch) is left alone: each update is a compare-and-set."""
+    async with connect(engine) as conn:
+        await check_stored_tokens(conn, cipher, allow_plain=True)
+    c = consents.c
+    stmt = (update(consents)
+            .where(c.id == bindparam("b_id"), c.access_token == bindparam("b_old_acc"),
+                   func.coalesce(c.refresh_token, "") == bindparam("b_old_ref"))
+            .values(access_token=bindparam("b_acc"), refresh_token=bindparam("b_ref")))
+    seen = changed = skipped = 0
+    after = 0
+    while True:
+        async with transaction(engine) as conn:
+            rows = (await conn.execute(
+                select(c.id, c.access_token, c.refresh_token)
+                .where(c.id > after).order_by(c.id).limit(RESEAL_CHUNK))).all()
+            if not rows:
+                return Resealed(seen, changed, skipped)
+            todo = {}
+            for r in rows:
+                acc = cipher.reseal(r.access_token) if r.access_token else r.access_token
+                ref = cipher.reseal(r.refresh_token) if r.refresh_token else r.refresh_token
+                if acc != r.access_token or ref != r.refresh_token:
+                    todo[r.id] = {"b_id": r.id, "b_old_acc": r.access_token,
+                                  "b_old_ref": r.refresh_token or "", "b_acc": acc,
+                                  "b_ref": ref}
+            if todo:
+                await conn.execute(stmt, list(todo.values()))
+                # Which took: a row changed meanwhile kept what its writer stored.
+                now = (await conn.execute(select(c.id, c.access_token, c.refresh_token)
+                                          .where(c.id.in_(list(todo))))).all()
+                took = sum(1 for i, acc, ref in now
+                           if (acc, ref) == (todo[i]["b_acc"], todo[i]["b_ref"]))
+                changed += took
+                skipped += len(todo) - took
+            seen += len(rows)
+            after = rows[-1].id

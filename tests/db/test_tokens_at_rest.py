@@ -1,0 +1,166 @@
+"""Tokens at rest, on SQLite and PostgreSQL: every write seals, every claim opens, a wrong
+key is refused before anything is written, rotation re-seals, revocation erases."""
+
+from __future__ import annotations
+
+from datetime import date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from batch.clock import KST
+from batch.config import parse_institutions
+from batch.crypto import TokenCipher, TokenKeyError, generate_key, stored_key_id
+from batch.db import schema, work
+from batch.db.loaders import load_consents, load_institutions
+from batch.db.revocation import revoke
+from batch.db.tokens import check_tokens, reseal_all
+from batch.db.work import SqlWorkStore
+from batch.lifecycle import TokenRefreshed
+from tests.sealing import CIPHER, KEY
+
+ORG = "BANK000001"
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=KST)
+WEEK = date(2026, 11, 29)
+TOML = f"""operator_org_code = "OPERATOR01"
+[[providers]]
+org_code = "{ORG}"
+industry = "bank"
+base_url = "http://127.0.0.1:9"
+windows = ["0000:0600"]
+calls_per_second = 10
+max_concurrency = 5
+"""
+HEADER = "user_id,org_code,access_token,consented_at,last_scheduled_at,refresh_token\n"
+ROWS = "".join(f"u{i},{ORG},plainAT{i:03d},2026-01-01T00:00:00+09:00,,plainRT{i:03d}\n"
+               for i in range(1, 4))
+
+
+async def _load(engine: AsyncEngine, tmp_path: Path, body: str = ROWS,
+                cipher: TokenCipher = CIPHER, name: str = "c.csv") -> int:
+    path = tmp_path / name
+    path.write_text(HEADER + body, encoding="utf-8")
+    return await load_consents(engine, path, now=NOW, cipher=cipher)
+
+
+async def _stored(engine: AsyncEngine) -> list[tuple[Any, ...]]:
+    c = schema.consents.c
+    async with engine.connect() as conn:
+        return [tuple(r) for r in (await conn.execute(
+            select(c.id, c.access_token, c.refresh_token).order_by(c.id))).all()]
+
+
+@pytest.fixture
+async def loaded(engine: AsyncEngine, tmp_path: Path) -> AsyncEngine:
+    await load_institutions(engine, parse_institutions(TOML), now=NOW)
+    assert await _load(engine, tmp_path) == 3
+    return engine
+
+
+async def _claim_all(store: SqlWorkStore, worker: str = "w1") -> list[work.Claim]:
+    return await store.claim(ORG, worker=worker, week=WEEK, now=NOW, limit=10)
+
+
+async def test_loaded_tokens_are_stored_sealed_and_a_claim_hands_them_out_opened(
+    loaded: AsyncEngine,
+) -> None:
+    for _id, access, refresh in await _stored(loaded):
+        assert stored_key_id(access) == stored_key_id(refresh) == CIPHER.primary_id
+        assert "plain" not in access + refresh
+    claims = await _claim_all(SqlWorkStore(loaded, CIPHER))
+    assert [(c.access_token, c.refresh_token) for c in claims] == [
+        (f"plainAT{i:03d}", f"plainRT{i:03d}") for i in (1, 2, 3)]
+
+
+async def test_a_refreshed_pair_is_stored_sealed_saved_alone_or_with_an_outcome_write(
+    loaded: AsyncEngine,
+) -> None:
+    store = SqlWorkStore(loaded, CIPHER)
+    await _claim_all(store)
+    await store.save_token(TokenRefreshed(1, "simA-new-1", "simR-new-1"))
+    await store.apply([TokenRefreshed(2, "simA-new-2", None)], run_id="r", worker="w1",
+                      day=NOW.date())
+    stored = {i: (a, r) for i, a, r in await _stored(loaded)}
+    for i in (1, 2):
+        assert "simA" not in stored[i][0] and "simR" not in (stored[i][1] or "")
+    assert CIPHER.decrypt(stored[1][0]) == "simA-new-1"
+    assert CIPHER.decrypt(stored[1][1]) == "simR-new-1"
+    assert CIPHER.decrypt(stored[2][0]) == "simA-new-2"
+    assert CIPHER.decrypt(stored[2][1]) == "plainRT002"  # not rotated: kept
+    await store.release([1, 2, 3], worker="w1")
+    again = {c.id: c for c in await _claim_all(store, "w2")}
+    assert (again[1].access_token, again[1].refresh_token) == ("simA-new-1", "simR-new-1")
+
+
+async def test_a_load_with_a_key_that_does_not_open_the_stored_tokens_writes_nothing(
+    loaded: AsyncEngine, tmp_path: Path,
+) -> None:
+    before = await _stored(loaded)
+    other = TokenCipher.from_texts([generate_key()])
+    with pytest.raises(TokenKeyError, match=rf"sealed with key\(s\) {CIPHER.primary_id}") as e:
+        await _load(loaded, tmp_path, f"u9,{ORG},new,2026-01-01T00:00:00,,\n", cipher=other,
+                    name="more.csv")
+    assert "\n" not in str(e.value)
+    assert await _stored(loaded) == before
+
+
+async def test_a_load_into_a_database_holding_plain_text_tokens_says_to_rotate_them(
+    loaded: AsyncEngine, tmp_path: Path,
+) -> None:
+    async with loaded.begin() as conn:  # as a version before encryption at rest left it
+        await conn.execute(update(schema.consents).where(schema.consents.c.id == 2)
+                           .values(access_token="legacy-plain"))
+    with pytest.raises(TokenKeyError, match="keys rotate"):
+        await _load(loaded, tmp_path, name="again.csv")
+    with pytest.raises(TokenKeyError, match="not encrypted"):
+        await check_tokens(loaded, CIPHER)
+
+
+async def test_a_corrupt_stored_token_is_caught_before_the_run_calls_anyone(
+    loaded: AsyncEngine,
+) -> None:
+    (first, access, _r), *_ = await _stored(loaded)
+    flipped = access[:-3] + ("A" if access[-3] != "A" else "B") + access[-2:]
+    async with loaded.begin() as conn:
+        await conn.execute(update(schema.consents).where(schema.consents.c.id == first)
+                           .values(access_token=flipped))
+    with pytest.raises(TokenKeyError, match="does not open"):
+        await check_tokens(loaded, CIPHER)
+
+
+async def test_rotation_reseals_every_token_with_the_first_key_and_seals_legacy_ones(
+    loaded: AsyncEngine,
+) -> None:
+    async with loaded.begin() as conn:  # a legacy row, stored in plain text
+        await conn.execute(insert(schema.consents).values(
+            user_id="legacy", org_code=ORG, access_token="legacyAT", refresh_token=None,
+            consented_at=NOW - timedelta(days=9), due_week=WEEK,
+            not_before=NOW - timedelta(days=9), updated_at=NOW))
+    new = generate_key()
+    only_new = TokenCipher.from_texts([new])
+    with pytest.raises(TokenKeyError):  # the old key is needed to open what is stored
+        await reseal_all(loaded, only_new)
+    done = await reseal_all(loaded, TokenCipher.from_texts([new, KEY]))
+    assert (done.seen, done.resealed, done.skipped) == (4, 4, 0)
+    for _id, access, refresh in await _stored(loaded):
+        assert stored_key_id(access) == only_new.primary_id
+        assert refresh is None or stored_key_id(refresh) == only_new.primary_id
+    await check_tokens(loaded, only_new)
+    with pytest.raises(TokenKeyError, match="does not hold"):
+        await check_tokens(loaded, CIPHER)  # the old key alone no longer opens them
+    claims = await _claim_all(SqlWorkStore(loaded, only_new))
+    assert sorted(c.access_token for c in claims) == [
+        "legacyAT", "plainAT001", "plainAT002", "plainAT003"]
+    again = await reseal_all(loaded, only_new)  # nothing left to do
+    assert (again.seen, again.resealed) == (4, 0)
+
+
+async def test_revoke_erases_the_tokens_without_a_key(loaded: AsyncEngine) -> None:
+    res = await revoke(loaded, now=NOW, ids=[1, 2, 3])
+    assert res.revoked == 3
+    assert [(a, r) for _i, a, r in await _stored(loaded)] == [("", None)] * 3
+    # Nothing sealed is left: any key passes the check.
+    await check_tokens(loaded, TokenCipher.from_texts([generate_key()]))
