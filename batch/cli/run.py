@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -17,6 +17,9 @@ from batch.errors import ConfigError
 from planning.windows import Window
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from batch.clock import Clock
     from batch.dispatch.summary import RunSummary
 
 
@@ -116,7 +119,9 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
                     namespace=cluster_namespace))
                 res = await run_day(engine, clock=clock,
                                     options=replace(options, cluster=session))
-                return _with_cluster(res.summary, session.report()), res.exit_code
+                summary = await _cluster_wide(engine, res.summary, session.report(),
+                                              worker=options.worker_id, clock=clock)
+                return summary, summary.exit_code
             async with run_lock(engine):  # one run per database (batch/db/runlock.py)
                 res = await run_day(engine, clock=clock, options=options)
             return res.summary, res.exit_code
@@ -143,10 +148,18 @@ def _print(summary: RunSummary, as_json: bool) -> None:
                            f"{c.get('redis_fallback_seconds')} s)")
 
 
-def _with_cluster(summary: RunSummary, report: dict[str, object]) -> RunSummary:
-    """Each provider's summary says what the shared state did in this worker."""
-    return replace(summary, providers=tuple(
-        replace(p, extra={**p.extra, "cluster": report}) for p in summary.providers))
+async def _cluster_wide(engine: AsyncEngine, summary: RunSummary, report: dict[str, Any],
+                        *, worker: str, clock: Clock) -> RunSummary:
+    """Cluster mode: the summary judged cluster-wide (batch/cluster/view.py), stored again."""
+    from datetime import date as _date
+
+    from batch.cluster.view import seen_cluster_wide
+    from batch.dispatch.runner import record
+
+    out = await seen_cluster_wide(engine, summary, day=_date.fromisoformat(summary.date),
+                                  me=worker, report=report)
+    await record(engine, out, clock=clock)
+    return out
 
 
 def _run_processes(n: int, worker_id: str | None, as_json: bool) -> NoReturn:

@@ -23,7 +23,7 @@ class PermitStock:
     """Shared permits in hand for one provider, and how many to ask for next."""
 
     __slots__ = ("_demand", "_last_seen", "_misses", "_slots", "_taken", "_throttled",
-                 "burst", "horizon", "org_code", "rate", "refused", "stale_after")
+                 "burst", "factor", "horizon", "org_code", "rate", "refused", "stale_after")
 
     def __init__(self, org_code: str, *, rate: float, burst: int, horizon: float = 0.3,
                  stale_after: float = 0.05) -> None:
@@ -41,6 +41,7 @@ class PermitStock:
         self._last_seen: float | None = None
         self._throttled = False
         self.refused = 0  # calls refused for want of a permit (the summary's count)
+        self.factor = 1.0  # the cluster-wide back-off last reported by the server
 
     # ------------------------------------------------------------------ the limiter's side
     def take(self, now: float) -> float | None:
@@ -58,22 +59,28 @@ class PermitStock:
         self._throttled = True
 
     # ------------------------------------------------------------------ the refill side
-    def want(self, now: float) -> int:
-        """How many permits to ask for now: enough for the demand over the horizon (calls
-        taken and refused since the last ask, smoothed), less what is still in stock."""
+    def want(self, now: float, live: int = 1) -> int:
+        """How many permits to ask for now, less what is still in stock: this worker's share
+        of the shared rate over the horizon (the rate in force divided by the ``live``
+        workers), or more if its demand (calls taken and refused since the last ask,
+        smoothed) needs more; never more than the whole horizon holds."""
         if self._last_seen is not None and now > self._last_seen:
             per_s = (self._taken + 2 * self._misses) / (now - self._last_seen)
             self._demand = 0.5 * self._demand + 0.5 * per_s
         self._last_seen = now
         self._taken = self._misses = 0
         left = sum(1 for s in self._slots if s >= now - self.stale_after)
-        need = math.ceil(self._demand * self.horizon * 1.5) + 1
+        share = self.rate * self.factor / max(1, live)
+        need = max(math.ceil(self._demand * self.horizon * 1.5) + 1,
+                   math.ceil(share * self.horizon * 1.2))
         cap = math.ceil(self.rate * self.horizon) + self.burst
         return max(0, min(need, cap) - left)
 
-    def add(self, offsets: tuple[float, ...], at: float) -> None:
-        """Permits granted by the server: ``at`` is the local monotonic time of its answer."""
+    def add(self, offsets: tuple[float, ...], at: float, factor: float = 1.0) -> None:
+        """Permits granted by the server: ``at`` is the local monotonic time its offsets
+        count from; ``factor`` the shared back-off in force (1.0: none)."""
         self._slots.extend(at + o for o in offsets)
+        self.factor = factor
 
     def pop_throttled(self) -> bool:
         t, self._throttled = self._throttled, False

@@ -27,6 +27,8 @@ log = logging.getLogger("mydata.cluster")
 _EXIT_RANK = (2, 1, 3, 0)
 #: counters every worker reports the same (the day's plan): not summed
 _SAME = ("planned", "attempted_before_run")
+#: counted cluster-wide by each worker (batch/cluster/view.py): the smallest is the latest
+_CLUSTER_WIDE = ("deferred",)
 _BREAKER_RANK = ("forced_open", "open", "half_open", "closed")
 
 
@@ -42,6 +44,7 @@ def worst_exit(codes: Sequence[int]) -> int:
 def _merge_provider(parts: Sequence[ProviderSummary]) -> ProviderSummary:
     first = parts[0]
     counters = {k: (max(p.counters[k] for p in parts) if k in _SAME
+                    else min(p.counters[k] for p in parts) if k in _CLUSTER_WIDE
                     else sum(p.counters[k] for p in parts)) for k in first.counters}
 
     def total(attr: str) -> dict[str, int]:

@@ -154,6 +154,23 @@ class ClusterSession:
             "action": "shared_limit_restored"})
 
     # ---------------------------------------------------------------- the runner's hooks
+    async def schema_current(self, engine: AsyncEngine) -> bool:
+        """The schema is at this version already: a worker joining a running cluster must
+        not re-run the migrations' DDL under the others' claims (PostgreSQL deadlocks)."""
+        from sqlalchemy import func, select
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from batch.db import schema as db_schema
+        from batch.db.engine import connect
+
+        try:
+            async with connect(engine) as conn:
+                have = (await conn.execute(select(func.max(
+                    db_schema.schema_migrations.c.version)))).scalar()
+        except (SQLAlchemyError, OSError, InputError):
+            return False
+        return isinstance(have, int) and have >= db_schema.SCHEMA_VERSION
+
     def server_scale(self, engine: AsyncEngine) -> float:
         """Clock seconds per second of the heartbeat's clock: PostgreSQL's is the server's
         (real time), SQLite's the worker's own clock."""
@@ -256,13 +273,14 @@ class ClusterSession:
                 await self.scripts.throttle(
                     org, factor=st.throttle_factor, floor=st.min_rate_fraction,
                     hold=st.throttle_hold, gap=DECREASE_GAP, recovery=st.recovery_time)
-            n = stock.want(now)
+            n = stock.want(now, self._live)
             if n > 0:
                 asks.append(RateAsk(org, st.calls_per_second, st.burst, n,
                                     self.options.horizon, st.recovery_time))
         if not asks:
             return
+        sent = self._clock.monotonic()
         got = await self.scripts.permits(asks)
-        at = self._clock.monotonic()
+        at = (sent + self._clock.monotonic()) / 2  # about when the server read its TIME
         for ask, g in zip(asks, got, strict=True):
-            self._stocks[ask.org_code].add(g.offsets, at)
+            self._stocks[ask.org_code].add(g.offsets, at, g.factor)

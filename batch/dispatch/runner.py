@@ -157,7 +157,8 @@ def _step(name: str, run_id: str, **extra: object) -> None:
 
 async def read_inputs(engine: AsyncEngine, *, clock: Clock, options: RunOptions) -> RunInputs:
     """Step 1: the schema, the providers (``--only``) and the time the run starts at."""
-    await init_db(engine)
+    if options.cluster is None or not await options.cluster.schema_current(engine):
+        await init_db(engine)  # cluster mode: never DDL under running workers (deadlocks)
     institutions = await read_institutions(engine)
     unknown = set(options.only) - {p.org_code for p in institutions.providers}
     if unknown:
