@@ -11,8 +11,9 @@ Keys (``{ns}`` is the cluster's namespace, ``mydata`` by default):
 - ``{ns}:day:{org}:{day}`` (counter, 2 days expiry): starts handed out that day (seeded with
   the attempts the database had already recorded when the first worker asked).
 
-Times inside the scripts are server seconds times ``speed`` (1 in production; a test's
-scaled clock runs faster, and every worker of a cluster uses the same one).
+Times inside the scripts are server seconds (since 2023-11-14, for precision) times
+``speed`` (1 in production; a test's scaled clock runs faster, and every worker of a
+cluster uses the same one).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from redis.asyncio import Redis
 PERMITS = """
 local t = redis.call('TIME')
 local speed = tonumber(ARGV[5])
-local now = (tonumber(t[1]) + tonumber(t[2]) / 1000000) * speed
+local now = (tonumber(t[1]) - 1700000000 + tonumber(t[2]) / 1000000) * speed
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
@@ -48,16 +49,16 @@ if low and hold then
 end
 local interval = 1 / (rate * factor)
 local tau = (burst - 1) * interval
-local out = {tostring(factor)}
+local out = {string.format('%.17g', factor)}
 for i = 1, n do
   local slot = tat - tau
   if slot < now then slot = now end
   if slot - now > horizon then break end
   if tat < slot then tat = slot end
   tat = tat + interval
-  out[#out + 1] = tostring(slot - now)
+  out[#out + 1] = string.format('%.17g', slot - now)
 end
-redis.call('HSET', KEYS[1], 'tat', tostring(tat))
+redis.call('HSET', KEYS[1], 'tat', string.format('%.17g', tat))
 redis.call('EXPIRE', KEYS[1], 3600)
 return out
 """
@@ -66,7 +67,7 @@ return out
 THROTTLE = """
 local t = redis.call('TIME')
 local speed = tonumber(ARGV[5])
-local now = (tonumber(t[1]) + tonumber(t[2]) / 1000000) * speed
+local now = (tonumber(t[1]) - 1700000000 + tonumber(t[2]) / 1000000) * speed
 local mult = tonumber(ARGV[1])
 local floor = tonumber(ARGV[2])
 local holdfor = tonumber(ARGV[3])
@@ -86,15 +87,15 @@ if low and hold then
   end
 end
 if last and now - last < gap then
-  redis.call('HSET', KEYS[1], 'hold', tostring(now + holdfor))
-  return tostring(factor)
+  redis.call('HSET', KEYS[1], 'hold', string.format('%.17g', now + holdfor))
+  return string.format('%.17g', factor)
 end
 local newlow = factor * mult
 if newlow < floor then newlow = floor end
-redis.call('HSET', KEYS[1], 'low', tostring(newlow), 'hold', tostring(now + holdfor),
-           'last', tostring(now))
+redis.call('HSET', KEYS[1], 'low', string.format('%.17g', newlow),
+           'hold', string.format('%.17g', now + holdfor), 'last', string.format('%.17g', now))
 redis.call('EXPIRE', KEYS[1], 3600)
-return tostring(newlow)
+return string.format('%.17g', newlow)
 """
 
 #: starts for one provider-minute: at most `want`, never past the minute's cumulative
