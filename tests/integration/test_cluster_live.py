@@ -172,3 +172,31 @@ def test_three_workers_complete_the_day_and_survive_redis_stopping(
         assert b"shared_limit_lost" in err or b"REDIS LOST" in err
     _check_rate(stats)
     _check_week(pg_url, tokens, stats)
+
+
+def test_processes_starts_n_workers_under_one_parent_and_merges_their_summaries(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    per_provider = 120
+    toml, _, tokens, env = _setup(pg_url, tmp_path, monkeypatch, per_provider)
+    with private_redis() as (redis_url, _), SimulatorProcess(
+            toml, window_override=[WINDOW]) as sim:
+        cmd = worker_cmd(pg_url, redis_url, WINDOW, name="box")
+        parent = subprocess.run([*cmd, "--processes", "3"], env=env, capture_output=True,
+                                timeout=180)
+        stats = sim.stats(detail=True)
+    assert parent.returncode == 0, parent.stderr.decode()[-2000:]
+    merged = json.loads(parent.stdout)
+    assert merged["status"] == "done" and merged["worker_id"] == "box"
+    assert len(merged["run_id"].split("+")) == 3
+    for p in merged["providers"]:
+        assert p["planned"] == per_provider  # the shared plan, not three times it
+        assert p["attempted"] == per_provider
+        assert sorted(w["node_id"] for w in p["workers"]) == sorted(
+            {w["node_id"] for w in p["workers"]})
+        assert len(p["workers"]) == 3
+    _, _, nodes = final_rows(pg_url)
+    assert sorted(n.worker_id for n in nodes) == ["box-p0", "box-p1", "box-p2"]
+    assert all(n.stopped_at is not None for n in nodes)
+    _check_rate(stats)
+    _check_week(pg_url, tokens, stats)
