@@ -216,7 +216,7 @@ def _register() -> None:
     import importlib
 
     for name in ("db", "load", "seed", "plan", "run", "dashboard", "simulate", "demo",
-                 "requeue", "check", "revoke", "circuit", "keys"):
+                 "requeue", "check", "revoke", "circuit", "keys", "workers"):
         try:
             importlib.import_module(f"batch.cli.{name}")
         except ModuleNotFoundError as exc:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -12,6 +15,12 @@ from batch.cli import Settings, main, run_async
 from batch.cli.options import WINDOW, clock_from_env, token_cipher
 from batch.errors import ConfigError
 from planning.windows import Window
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from batch.clock import Clock
+    from batch.dispatch.summary import RunSummary
 
 
 @main.command("run")
@@ -39,24 +48,48 @@ from planning.windows import Window
               default=None, metavar="FILE.prom",
               help="Write the metrics to FILE.prom (node exporter textfile collector format), "
                    "atomically, every minute and at the end.")
+@click.option("--processes", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Cluster mode (--redis): start N worker processes on this machine under "
+                   "one parent, which forwards SIGTERM/SIGINT and merges their summaries.")
+@click.option("--heartbeat-seconds", type=click.FloatRange(0.1, 60), default=3.0,
+              show_default=True, help="Cluster mode: seconds between worker heartbeats.")
+@click.option("--dead-after-seconds", type=click.FloatRange(1, 3600), default=15.0,
+              show_default=True,
+              help="Cluster mode: a worker without a heartbeat this long is dead; its claims "
+                   "are due again at once.")
+@click.option("--cluster-namespace", default="mydata", show_default=True,
+              help="Cluster mode: the prefix of this cluster's Redis keys.")
 @click.pass_obj
 def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ...],
             as_json: bool, lease_seconds: int, grace_seconds: float, progress: str,
             worker_id: str | None, page_limit: int, log_level: str,
-            metrics_port: int | None, metrics_textfile: Path | None) -> None:
+            metrics_port: int | None, metrics_textfile: Path | None, processes: int,
+            heartbeat_seconds: float, dead_after_seconds: float,
+            cluster_namespace: str) -> None:
     """Run today's plan inside the providers' windows, then print the summary.
 
     Exit codes: 0 the day's work is done; 1 work left undone or failures an operator must
     see (dead letters, our own 4xx bugs, outcomes not written); 2 bad input or an
     unreachable database; 3 interrupted by SIGTERM/SIGINT (unstarted work released).
+
+    With --redis (cluster mode) many runs share one database: each is a worker of the
+    registry (`mydata-batch workers`), the plan's per-minute counts and the providers' rates
+    are shared through Redis, and no run lock is taken.
     """
-    if settings.redis_url:
-        raise ConfigError(
-            "cluster mode (--redis / MYDATA_REDIS_URL) is not available in this version; "
-            "run a single worker per database without it")
+    redis_url = settings.redis_url
+    if processes > 1 and not redis_url:
+        raise ConfigError("--processes needs cluster mode (--redis URL): without it two "
+                          "runs on one database would double every provider's rate")
+    if heartbeat_seconds >= dead_after_seconds:
+        raise ConfigError("--heartbeat-seconds must be shorter than --dead-after-seconds")
+    if redis_url:
+        from batch.cluster.session import check_redis
+
+        run_async(check_redis(redis_url))  # one line and exit 2 when it is not there
+    if processes > 1:
+        _run_processes(processes, worker_id, as_json)
     from batch.db.engine import make_engine
     from batch.dispatch.runner import RunOptions, run_day
-    from batch.dispatch.summary import RunSummary, format_summary
     from batch.logs import setup_logging
     from batch.observe.session import ObserveOptions
 
@@ -79,6 +112,17 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
 
         engine = make_engine(settings.db_url)
         try:
+            if redis_url:  # cluster mode: many workers on one database are the point
+                from batch.cluster.session import ClusterOptions, ClusterSession
+
+                session = ClusterSession(engine, clock=clock, options=ClusterOptions(
+                    redis_url, heartbeat=heartbeat_seconds, dead_after=dead_after_seconds,
+                    namespace=cluster_namespace))
+                res = await run_day(engine, clock=clock, cipher=cipher,
+                                    options=replace(options, cluster=session))
+                summary = await _cluster_wide(engine, res.summary, session.report(),
+                                              worker=options.worker_id, clock=clock)
+                return summary, summary.exit_code
             async with run_lock(engine):  # one run per database (batch/db/runlock.py)
                 res = await run_day(engine, clock=clock, options=options, cipher=cipher)
             return res.summary, res.exit_code
@@ -86,8 +130,45 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
             await engine.dispose()
 
     summary, code = run_async(go())
+    _print(summary, as_json)
+    sys.exit(code)
+
+
+def _print(summary: RunSummary, as_json: bool) -> None:
     if as_json:
         click.echo(summary.dumps())
-    else:
-        click.echo(format_summary(summary))
+        return
+    from batch.dispatch.summary import format_summary
+
+    click.echo(format_summary(summary))
+    for p in summary.providers:
+        for c in [p.extra["cluster"]] if "cluster" in p.extra else p.extra.get("workers", []):
+            if isinstance(c, dict) and c.get("redis_fallbacks"):
+                click.echo(f"{p.org_code}: node {c.get('node_id')} ran on LOCAL limits "
+                           f"(Redis lost {c['redis_fallbacks']} time(s), "
+                           f"{c.get('redis_fallback_seconds')} s)")
+
+
+async def _cluster_wide(engine: AsyncEngine, summary: RunSummary, report: dict[str, Any],
+                        *, worker: str, clock: Clock) -> RunSummary:
+    """Cluster mode: the summary judged cluster-wide (batch/cluster/view.py), stored again."""
+    from datetime import date as _date
+
+    from batch.cluster.view import seen_cluster_wide
+    from batch.dispatch.runner import record
+
+    out = await seen_cluster_wide(engine, summary, day=_date.fromisoformat(summary.date),
+                                  me=worker, report=report)
+    await record(engine, out, clock=clock)
+    return out
+
+
+def _run_processes(n: int, worker_id: str | None, as_json: bool) -> NoReturn:
+    import socket
+
+    from batch.cluster.processes import run_children
+
+    summary, code = run_children(sys.argv[1:], n,
+                                 worker_id=worker_id or f"{socket.gethostname()}-{os.getpid()}")
+    _print(summary, as_json)
     sys.exit(code)

@@ -1,4 +1,4 @@
-"""One ``run`` per database at a time, until cluster mode shares the work.
+"""One ``run`` per database at a time, unless cluster mode shares the work (``--redis``).
 
 Two runs against one database would each run the whole plan: twice the calls, twice the
 provider's rate. The lock is one a crash releases, so a kill -9 never leaves the database
@@ -24,6 +24,8 @@ from batch.errors import InputError
 
 #: the advisory lock key of `run` (init_db's is 872634001)
 RUN_LOCK_KEY = 872634002
+#: cluster mode: the workers of one database make (or check) today's plan one at a time
+PLAN_LOCK_KEY = 872634003
 
 
 class RunLocked(InputError):
@@ -102,3 +104,26 @@ class _FileLock:
     def __exit__(self, *exc: object) -> None:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
+
+
+@asynccontextmanager
+async def plan_lock(engine: AsyncEngine, *, shared: bool) -> AsyncIterator[None]:
+    """Cluster mode (``shared``): wait for the plan lock, so that many workers starting at
+    once make today's plan once (the others find it fresh). A single run holds the run lock
+    already: nothing to take. PostgreSQL only (SQLite's writers queue anyway)."""
+    if not shared or engine.dialect.name != "postgresql":
+        yield
+        return
+    async with connect(engine) as conn:
+        await conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": PLAN_LOCK_KEY})
+        await conn.commit()
+        try:
+            yield
+        finally:
+            try:
+                await conn.execute(text("SELECT pg_advisory_unlock(:key)"),
+                                   {"key": PLAN_LOCK_KEY})
+                await conn.commit()
+            except BaseException:
+                await conn.invalidate()
+                raise

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     Date,
@@ -22,6 +23,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.types import TypeDecorator
@@ -236,6 +238,10 @@ nodes = Table(
     Column("started_at", UTCDateTime, nullable=False),
     Column("heartbeat_at", UTCDateTime, nullable=False),
     Column("stopped_at", UTCDateTime),
+    # cluster mode (sql/008_workers.sql): the worker registry
+    Column("cluster", Boolean, nullable=False, server_default=false()),
+    Column("heartbeat_timeout", Float, nullable=False, server_default="30"),
+    Column("dead_seen_at", UTCDateTime),
     sqlite_autoincrement=True,  # never hand out a number twice, even after a delete
 )
 
@@ -265,6 +271,7 @@ run_minutes = Table(
     Column("breaker_open_seconds", Float, nullable=False, server_default="0"),
 )
 Index("run_minutes_at_idx", run_minutes.c.org_code, run_minutes.c.minute_at)
+Index("nodes_alive_idx", nodes.c.stopped_at, nodes.c.heartbeat_at)
 
 # The cluster circuit's history: the coordinator's opens and closes and the operators'
 # overrides (batch/cluster/circuit_events.py). sql/009_circuit_events.sql's twin.

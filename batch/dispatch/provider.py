@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from itertools import islice
+from typing import Protocol
 
 from batch.client import RefreshResult
 from batch.clock import KST, Clock
@@ -40,6 +41,15 @@ MARK_AHEAD_SECONDS = 1.0
 
 #: refresh(claim, not_after): not_after is the monotonic time no call may start after
 RefreshFn = Callable[[work.Claim, float | None], Awaitable[RefreshResult]]
+
+
+class StartAllowance(Protocol):
+    """Cluster mode (batch/cluster/allowance.py): a provider-minute's starts are shared by
+    the cluster's workers. Without one, every start the plan asks for is granted."""
+
+    async def take(self, minute: int, due: int, fresh: int, queued: int) -> int: ...
+
+    def refund(self, n: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +98,7 @@ class ProviderDispatcher:
         attempted_before: int = 0,
         breaker_open: Callable[[], bool] = lambda: False,
         breaker_state: Callable[[], str] = lambda: "closed",
+        allowance: StartAllowance | None = None,
     ) -> None:
         self.org_code = org_code
         self._store = store
@@ -105,6 +116,7 @@ class ProviderDispatcher:
         self._cap = max(1, per_minute_cap)
         self._breaker_open = breaker_open
         self._breaker_state = breaker_state
+        self._allowance = allowance
         self.stats = ProviderStats(org_code, day_quota=quota, attempted_before=attempted_before)
         self._queue: deque[work.Claim] = deque()
         self._marked = 0  # the queue's first claims already marked started
@@ -243,7 +255,7 @@ class ProviderDispatcher:
             self._nudge.set()
             counts = slice_counts(n, usable)
             self._mark_soon()
-            owed = 0
+            owed = due = 0
             started = 0
             for k, cnt in enumerate(counts):
                 deadline = t0 + (k0 + k) * SLICE_SECONDS
@@ -251,7 +263,12 @@ class ProviderDispatcher:
                 self.stats.tick(self._clock.monotonic() - deadline)
                 if stop.is_set():
                     break
-                owed += cnt
+                if self._allowance is None:
+                    owed += cnt
+                else:  # cluster mode: the minute's count is shared among the workers
+                    due += cnt
+                    owed += await self._allowance.take(minute, due, cnt,
+                                                       len(self._queue) - owed)
                 self._mark_soon(owed)
                 if not owed:
                     continue
@@ -358,6 +375,8 @@ class ProviderDispatcher:
             s.dead_lettered += 1
         if isinstance(t, NotAttempted):
             s.started -= 1  # it never reached the provider: it is still to do
+            if self._allowance is not None:
+                self._allowance.refund(1)
         s.last_finish = self._clock.monotonic()
         s.breaker_state = self._breaker_state()
 

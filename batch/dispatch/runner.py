@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import httpx
 from sqlalchemy import insert, update
@@ -37,6 +37,7 @@ from batch.db import schema, work
 from batch.db.engine import init_db, transaction
 from batch.db.loaders import read_institutions
 from batch.db.nodes import register_node
+from batch.db.runlock import plan_lock
 from batch.db.tokens import check_tokens
 from batch.dispatch import progress
 from batch.dispatch.policy import RetryPolicy
@@ -63,6 +64,9 @@ from planning.calendar import week_start
 from planning.minutes import spread
 from planning.windows import Window, day_minutes
 
+if TYPE_CHECKING:  # cluster mode (batch/cluster/): imported only with --redis
+    from batch.cluster.session import ClusterSession
+
 log = logging.getLogger("mydata.run")
 
 EXIT_OK = 0
@@ -84,6 +88,8 @@ class RunOptions:
     max_connections: int = 200
     page_limit: int = 500
     observe: ObserveOptions = field(default_factory=ObserveOptions)
+    #: cluster mode (``--redis``): the shared plan, limits and worker registry
+    cluster: ClusterSession | None = None
 
     def __post_init__(self) -> None:
         if self.grace_seconds < 0:
@@ -136,6 +142,7 @@ class Pieces:
     dispatchers: list[ProviderDispatcher]
     chains: dict[str, ProviderChain]
     obs: Observability
+    node_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +164,8 @@ async def read_inputs(engine: AsyncEngine, *, clock: Clock, options: RunOptions,
                       cipher: TokenCipher) -> RunInputs:
     """Step 1: the schema, the stored tokens open with ``cipher`` (a wrong key stops here,
     before anything is written or called), the providers (``--only``) and the start time."""
-    await init_db(engine)
+    if options.cluster is None or not await options.cluster.schema_current(engine):
+        await init_db(engine)  # cluster mode: never DDL under running workers (deadlocks)
     await check_tokens(engine, cipher)
     institutions = await read_institutions(engine)
     unknown = set(options.only) - {p.org_code for p in institutions.providers}
@@ -169,8 +177,11 @@ async def read_inputs(engine: AsyncEngine, *, clock: Clock, options: RunOptions,
     today = now.astimezone(KST).date()
     # The run lock is held by the caller (`run`: batch/db/runlock.py); the node number is
     # handed out here, before anything else is written.
+    cl = options.cluster
     node_id = await register_node(engine, worker_id=options.worker_id, run_id=options.run_id,
-                                  now=now)
+                                  now=now, cluster=cl is not None,
+                                  heartbeat_timeout=30.0 if cl is None
+                                  else cl.options.dead_after / cl.server_scale(engine))
     return RunInputs(now=now, today=today, week=week_start(today), providers=providers,
                      operator_org_code=institutions.operator_org_code, node_id=node_id)
 
@@ -257,6 +268,8 @@ def build_pieces(inputs: RunInputs, plans: DayPlans, options: RunOptions, *,
         chain = ProviderChain(p.org_code, ChainSettings.from_provider(p), clock=clock,
                               listeners=obs.listeners)
         chains[p.org_code] = chain
+        if options.cluster is not None:  # cluster mode: the shared limit behind the local
+            options.cluster.attach(chain)
         client = MydataClient(p, http=http, chain=chain, tran_ids=tran_ids, clock=clock,
                               page_limit=options.page_limit)
         policy_by_org[p.org_code] = RetryPolicy(max_attempts=p.max_attempts_per_week,
@@ -269,8 +282,11 @@ def build_pieces(inputs: RunInputs, plans: DayPlans, options: RunOptions, *,
             minutes=minutes, per_minute_cap=cap, window_minutes=open_minutes,
             attempted_before=attempted_before.get(p.org_code, 0),
             breaker_open=_open_check(chain), breaker_state=_state_of(chain),
+            allowance=None if options.cluster is None else options.cluster.allowance(
+                p.org_code, day=today, quota=quota,
+                attempted_before=attempted_before.get(p.org_code, 0)),
         ))
-    return Pieces(store, writer, http, dispatchers, chains, obs)
+    return Pieces(store, writer, http, dispatchers, chains, obs, inputs.node_id)
 
 
 async def execute(pieces: Pieces, options: RunOptions, *, clock: Clock, day: date,
@@ -294,6 +310,8 @@ async def execute(pieces: Pieces, options: RunOptions, *, clock: Clock, day: dat
             pieces.dispatchers, clock=clock, tty=tty, stream=stream, run_id=options.run_id,
             day=day))
     await pieces.obs.start(pieces.chains, pieces.dispatchers)  # the port, the minute export
+    if options.cluster is not None:  # cluster mode: heartbeat, shared permits
+        await options.cluster.start(pieces.node_id)
     t0 = clock.monotonic()
     try:
         await asyncio.gather(*(d.run(stop, grace=options.grace_seconds)
@@ -306,6 +324,8 @@ async def execute(pieces: Pieces, options: RunOptions, *, clock: Clock, day: dat
         await asyncio.gather(writer_task, return_exceptions=True)
         await pieces.http.aclose()
         await pieces.obs.stop()  # the last minute rows; the port closed
+        if options.cluster is not None:
+            await options.cluster.stop()
         for sig in signals:
             loop.remove_signal_handler(sig)
     return Execution(interrupted=stop.is_set(), persisted=persisted, unwritten=writer.pending,
@@ -378,7 +398,8 @@ async def run_day(
           date=inputs.today.isoformat())
     await open_run(engine, inputs, options)
     try:
-        plans = await ensure_plan(engine, inputs, options)
+        async with plan_lock(engine, shared=options.cluster is not None):
+            plans = await ensure_plan(engine, inputs, options)  # one planner at a time
         _step("plan", run_id, replanned=plans.replanned,
               planned=sum(p.batch_quota for p in plans.plans.values()))
         before = await work.attempted_today(engine, day=inputs.today)

@@ -9,6 +9,8 @@ than the maximum wait away is refused and reserves nothing. When the provider th
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from batch.resilience.events import Emitter, RateAdjusted
 from batch.resilience.outcomes import Kind, Outcome
 from batch.resilience.settings import LimiterSettings
@@ -19,10 +21,23 @@ DECREASE_GAP = 1.0
 _PAUSE_CODES = frozenset({"40301", "40302"})
 
 
+class SharedPermits(Protocol):
+    """Cluster mode's shared limit behind the local one (batch/cluster/permits.py): permits
+    reserved ahead from the cluster-wide GCRA, handed out one per call."""
+
+    def take(self, now: float) -> float | None:
+        """The monotonic time of this call's shared slot (<= a fraction of a second away),
+        or None: no permit in stock, the call is refused (nothing reserved locally)."""
+
+    def throttled(self, now: float) -> None:
+        """A 42902/429 was seen here: lower the shared rate for the whole cluster."""
+
+
 class RateLimiter:
     __slots__ = (
         "_emit", "_factor", "_hold_until", "_interval", "_last_decrease", "_low",
-        "_paused_until", "_tat", "_tau", "base_rate", "max_wait", "org_code", "settings",
+        "_paused_until", "_share", "_tat", "_tau", "base_rate", "max_wait", "org_code",
+        "settings", "shared",
     )
 
     def __init__(self, settings: LimiterSettings, *, org_code: str = "",
@@ -40,6 +55,9 @@ class RateLimiter:
         self._paused_until = float("-inf")
         self._interval = 0.0
         self._tau = 0.0
+        self._share = 1.0
+        #: cluster mode: the shared limit this local one stands in front of (None: local only)
+        self.shared: SharedPermits | None = None
         self._set_factor(1.0)
 
     # ------------------------------------------------------------------ per call
@@ -53,8 +71,30 @@ class RateLimiter:
         wait = tat - self._tau - now
         if wait > max_wait:
             return -1.0
+        shared = self.shared
+        if shared is not None:  # cluster mode: a shared permit too, at the later slot
+            slot = shared.take(now)
+            if slot is None:
+                return -1.0
+            if slot - now > wait:
+                wait = slot - now
         self._tat = tat + self._interval
         return wait if wait > 0.0 else 0.0
+
+    def set_share(self, share: float) -> None:
+        """Run at ``share`` of the configured rate (cluster mode without its shared limit:
+        the rate divided among the live workers); 1.0 is the configured rate."""
+        if not 0.0 < share <= 1.0:
+            raise ValueError("share must be in (0, 1]")
+        if share == self._share:
+            return
+        self._share = share
+        self.base_rate = self.settings.calls_per_second * share
+        self._set_factor(self._factor)
+
+    @property
+    def share(self) -> float:
+        return self._share
 
     def observe(self, outcome: Outcome, now: float) -> None:
         """Adapt to a THROTTLED answer: lower the rate (42902, 429) or pause (40301/40302)."""
@@ -66,6 +106,8 @@ class RateLimiter:
                        tran_id=outcome.tran_id)
         else:
             self.throttle(now, tran_id=outcome.tran_id)
+            if self.shared is not None:
+                self.shared.throttled(now)
         if outcome.retry_after is not None and outcome.retry_after > 0:
             self.pause(now, min(outcome.retry_after, st.retry_after_max),
                        reason="retry-after", tran_id=outcome.tran_id)

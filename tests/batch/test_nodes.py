@@ -55,9 +55,16 @@ async def test_the_registry_row_names_the_process_and_takes_heartbeats(
             schema.nodes.c.node_id == node))).one()
     assert (row.worker_id, row.run_id, row.pid, row.host) == (
         "w-7", "run-x", os.getpid(), socket.gethostname())
-    assert (row.started_at, row.heartbeat_at, row.stopped_at) == (NOW, later, None)
+    if engine.dialect.name == "postgresql":
+        # cluster mode's shared state uses the server's clock, never a worker's
+        assert row.heartbeat_at >= row.started_at
+        assert abs(row.heartbeat_at - datetime.now(UTC)) < timedelta(minutes=5)
+        assert row.stopped_at is None
+    else:
+        assert (row.started_at, row.heartbeat_at, row.stopped_at) == (NOW, later, None)
     await heartbeat(engine, node, now=later, stopped=True)
     async with engine.connect() as conn:
         stopped = (await conn.execute(select(schema.nodes.c.stopped_at).where(
             schema.nodes.c.node_id == node))).scalar_one()
-    assert stopped == later
+    assert stopped is not None
+    assert stopped == later or engine.dialect.name == "postgresql"

@@ -19,7 +19,9 @@ from tests.integration.helpers import free_ports, institutions_toml, make_instit
 @pytest.mark.parametrize("args, message", [
     (["run", "--window-override", "2500:0100"], "not a time of day"),
     (["run", "--window-override", "0100-0200"], "hhmm:hhmm"),
-    (["--redis", "redis://127.0.0.1:6379/0", "run"], "cluster mode"),
+    (["--redis", "redis://127.0.0.1:1/0", "run"], "Redis at redis://127.0.0.1:1/0 is unreachable"),
+    (["run", "--processes", "2"], "--processes needs cluster mode"),
+    (["run", "--heartbeat-seconds", "20", "--dead-after-seconds", "10"], "shorter than"),
     (["run"], "no institutions in the database"),
 ])
 def test_bad_run_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str],

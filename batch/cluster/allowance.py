@@ -1,0 +1,90 @@
+"""One plan, shared: how many of a provider-minute's starts this worker may make now.
+
+The dispatcher asks once per slice (batch/dispatch/provider.py's ``StartAllowance``). Each
+worker asks for its share of the slice's new starts (the slice's count divided by the live
+workers) plus what it was owed and not yet granted (at most a second's worth); Redis grants
+at most the minute's cumulative target so far and the day's quota left, cluster-wide
+(batch/cluster/scripts.py's GRANT). So N workers together start exactly the minute's target,
+and a dead worker's share is taken up by the others as their carry grows (at once when the
+registry sees the death: the share is divided by fewer workers).
+
+Without Redis each worker grants itself its share of the minute's target (the target
+divided by the live workers): the cluster still starts about the target, never N times it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from typing import Protocol
+
+from batch.cluster.scripts import Scripts
+
+
+class Link(Protocol):
+    """What an allowance needs from the session: the live count and Redis's health."""
+
+    def live(self) -> int: ...
+
+    @property
+    def shared(self) -> bool: ...
+
+    def lost(self, exc: BaseException) -> None: ...
+
+
+class SharedAllowance:
+    """The dispatcher's StartAllowance in cluster mode, for one provider's day."""
+
+    def __init__(self, org_code: str, *, scripts: Scripts, link: Link, day: str, quota: int,
+                 seed: int, timeout: Callable[[], float] | None = None) -> None:
+        self.org_code = org_code
+        self._scripts = scripts
+        self._link = link
+        self._day = day
+        self._quota = quota
+        self._seed = seed
+        self._pending = 0
+        self._local: dict[int, int] = {}  # minute -> granted locally (without Redis)
+        self._refunds: set[asyncio.Task[None]] = set()
+        self.granted = 0
+        self.local_granted = 0
+
+    async def take(self, minute: int, due: int, fresh: int, queued: int) -> int:
+        """``due``: the minute's cumulative target up to this slice; ``fresh``: this slice's
+        count; ``queued``: claims ready to start. Returns starts granted now."""
+        live = max(1, self._link.live())
+        self._pending = min(self._pending + math.ceil(fresh / live), max(10 * fresh, 1))
+        want = min(self._pending, queued)
+        if want <= 0:
+            return 0
+        g = -1
+        if self._link.shared:
+            try:
+                g = await self._scripts.grant(self.org_code, day=self._day, minute=minute,
+                                              want=want, due=due, quota=self._quota,
+                                              seed=self._seed)
+            except Exception as exc:
+                self._link.lost(exc)
+        if g < 0:  # no Redis: our share of the minute's target
+            used = self._local.get(minute, 0)
+            g = max(0, min(want, math.ceil(due / live) - used))
+            self._local[minute] = used + g
+            self.local_granted += g
+        self.granted += g
+        self._pending -= g
+        return g
+
+    def refund(self, n: int) -> None:
+        """Starts that never reached the provider: back to the day's quota."""
+        if n <= 0 or not self._link.shared:
+            return
+        task = asyncio.get_running_loop().create_task(self._refund(n))
+        self._refunds.add(task)
+        task.add_done_callback(self._refunds.discard)
+
+    async def _refund(self, n: int) -> None:
+        try:
+            await self._scripts.refund(self.org_code, day=self._day, n=n)
+        except Exception as exc:
+            self._link.lost(exc)

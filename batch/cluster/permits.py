@@ -1,0 +1,94 @@
+"""A worker's stock of shared permits for one provider (the limiter's SharedPermits).
+
+The cluster-wide GCRA lives in Redis (batch/cluster/scripts.py); asking it per call would
+cost a round trip per call, so each worker reserves a small batch per slice: slots within
+the next ``horizon`` seconds, as many as its recent demand needs. Calls take them in order;
+a slot left unused for longer than ``stale_after`` is dropped (the cluster lost that much of
+the provider's rate, never more than it may send). With no permit in stock a call is
+refused by the limiter (nothing reserved, the consent stays due): strict, never borrowed.
+
+Pure and clock-driven: the session's refill loop does the Redis round trip.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+#: seconds between the slices a worker reserves for (the dispatcher's slice)
+SLICE = 0.1
+
+
+class PermitStock:
+    """Shared permits in hand for one provider, and how many to ask for next."""
+
+    __slots__ = ("_demand", "_last_seen", "_misses", "_slots", "_taken", "_throttled",
+                 "burst", "factor", "horizon", "org_code", "rate", "refused", "stale_after")
+
+    def __init__(self, org_code: str, *, rate: float, burst: int, horizon: float = 0.3,
+                 stale_after: float = 0.05) -> None:
+        if rate <= 0 or burst < 1 or horizon <= 0 or stale_after < 0:
+            raise ValueError("bad permit stock settings")
+        self.org_code = org_code
+        self.rate = rate
+        self.burst = burst
+        self.horizon = horizon
+        self.stale_after = stale_after
+        self._slots: deque[float] = deque()
+        self._taken = 0  # calls since the last ask
+        self._misses = 0
+        self._demand = 0.0  # calls per second, smoothed
+        self._last_seen: float | None = None
+        self._throttled = False
+        self.refused = 0  # calls refused for want of a permit (the summary's count)
+        self.factor = 1.0  # the cluster-wide back-off last reported by the server
+
+    # ------------------------------------------------------------------ the limiter's side
+    def take(self, now: float) -> float | None:
+        slots = self._slots
+        while slots and slots[0] < now - self.stale_after:
+            slots.popleft()
+        if not slots:
+            self._misses += 1
+            self.refused += 1
+            return None
+        self._taken += 1
+        return slots.popleft()
+
+    def throttled(self, now: float) -> None:
+        self._throttled = True
+
+    # ------------------------------------------------------------------ the refill side
+    def want(self, now: float, live: int = 1) -> int:
+        """How many permits to ask for now, less what is still in stock: this worker's share
+        of the shared rate over the horizon (the rate in force divided by the ``live``
+        workers), or more if its demand (calls taken and refused since the last ask,
+        smoothed) needs more; never more than the whole horizon holds."""
+        if self._last_seen is not None and now > self._last_seen:
+            per_s = (self._taken + 2 * self._misses) / (now - self._last_seen)
+            self._demand = 0.5 * self._demand + 0.5 * per_s
+        self._last_seen = now
+        self._taken = self._misses = 0
+        left = sum(1 for s in self._slots if s >= now - self.stale_after)
+        share = self.rate * self.factor / max(1, live)
+        need = max(math.ceil(self._demand * self.horizon * 1.5) + 1,
+                   math.ceil(share * self.horizon * 1.2))
+        cap = math.ceil(self.rate * self.horizon) + self.burst
+        return max(0, min(need, cap) - left)
+
+    def add(self, offsets: tuple[float, ...], at: float, factor: float = 1.0) -> None:
+        """Permits granted by the server: ``at`` is the local monotonic time its offsets
+        count from; ``factor`` the shared back-off in force (1.0: none)."""
+        self._slots.extend(at + o for o in offsets)
+        self.factor = factor
+
+    def pop_throttled(self) -> bool:
+        t, self._throttled = self._throttled, False
+        return t
+
+    def clear(self) -> None:
+        self._slots.clear()
+
+    @property
+    def stock(self) -> int:
+        return len(self._slots)

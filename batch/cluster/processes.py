@@ -1,0 +1,147 @@
+"""``run --processes N``: N worker processes on this machine under one parent.
+
+The parent starts N ``run`` children (the same command line, each its own worker id and
+``--json``), forwards SIGTERM/SIGINT to every child, waits, and merges their summaries into
+one (:func:`merge_summaries`) with the exit code that matters most (:func:`worst_exit`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+from types import FrameType
+from typing import Any
+
+from batch.dispatch.summary import Lateness, ProviderSummary, RunSummary, SummaryError
+
+log = logging.getLogger("mydata.cluster")
+
+#: from what matters most to least: bad input or a crash, work an operator must see,
+#: interrupted, done
+_EXIT_RANK = (2, 1, 3, 0)
+#: counters every worker reports the same (the day's plan): not summed
+_SAME = ("planned", "attempted_before_run")
+#: counted cluster-wide by each worker (batch/cluster/view.py): the smallest is the latest
+_CLUSTER_WIDE = ("deferred",)
+_BREAKER_RANK = ("forced_open", "open", "half_open", "closed")
+
+
+def worst_exit(codes: Sequence[int]) -> int:
+    """The exit code of the merged run: a code outside run's own (a child killed) counts as
+    work an operator must see (1); else the highest-ranked of 2, 1, 3, 0."""
+    norm = [c if c in _EXIT_RANK else 1 for c in codes]
+    if not norm:
+        return 2
+    return min(norm, key=_EXIT_RANK.index)
+
+
+def _merge_provider(parts: Sequence[ProviderSummary]) -> ProviderSummary:
+    first = parts[0]
+    counters = {k: (max(p.counters[k] for p in parts) if k in _SAME
+                    else min(p.counters[k] for p in parts) if k in _CLUSTER_WIDE
+                    else sum(p.counters[k] for p in parts)) for k in first.counters}
+
+    def total(attr: str) -> dict[str, int]:
+        c: Counter[str] = Counter()
+        for p in parts:
+            c.update(getattr(p, attr))
+        return dict(c)
+
+    breaker = min((p.breaker for p in parts),
+                  key=lambda b: _BREAKER_RANK.index(b) if b in _BREAKER_RANK else 0)
+    extra: dict[str, Any] = {}
+    for p in parts:
+        for k, v in p.extra.items():
+            if k == "cluster":
+                extra.setdefault("workers", []).append(v)
+            else:
+                extra.setdefault(k, v)
+    return ProviderSummary(
+        org_code=first.org_code, counters=counters, by_outcome=total("by_outcome"),
+        by_action=total("by_action"), by_code=total("by_code"),
+        calls_per_second=round(sum(p.calls_per_second for p in parts), 2),
+        slice_lateness_ms=Lateness(
+            max(p.slice_lateness_ms.p50 for p in parts),
+            max(p.slice_lateness_ms.p99 for p in parts),
+            max(p.slice_lateness_ms.max for p in parts)),
+        breaker=breaker, chain=None, extra=extra)
+
+
+def merge_summaries(parts: Sequence[RunSummary], *, worker_id: str,
+                    codes: Sequence[int] | None = None) -> RunSummary:
+    """One summary of many workers' runs of one day (the first's ids, dates and plan)."""
+    if not parts:
+        raise SummaryError("no summary to merge")
+    orgs: dict[str, list[ProviderSummary]] = {}
+    for s in parts:
+        for p in s.providers:
+            orgs.setdefault(p.org_code, []).append(p)
+    code = worst_exit(list(codes) if codes is not None else [s.exit_code for s in parts])
+    statuses = {s.status for s in parts}
+    status = ("failed" if "failed" in statuses else "incomplete" if code == 1
+              else "interrupted" if code == 3 else "done" if code == 0 else "failed")
+    first = parts[0]
+    return replace(
+        first, run_id="+".join(s.run_id for s in parts), worker_id=worker_id, status=status,
+        exit_code=code, elapsed_seconds=max(s.elapsed_seconds for s in parts),
+        providers=tuple(_merge_provider(ps) for ps in orgs.values()),
+        outcomes_persisted=all(s.outcomes_persisted for s in parts),
+        unwritten_outcomes=sum(s.unwritten_outcomes for s in parts),
+        replanned=next((s.replanned for s in parts if s.replanned), None),
+        error="; ".join(s.error for s in parts if s.error) or None)
+
+
+def child_argv(argv: Sequence[str], index: int, worker_id: str) -> list[str]:
+    """The parent's arguments for child ``index``: without --processes (and its value),
+    with --json and its own --worker-id."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--processes":
+            skip = True
+            continue
+        if a.startswith("--processes="):
+            continue
+        out.append(a)
+    if "--json" not in out:
+        out.append("--json")
+    return [*out, "--worker-id", f"{worker_id}-p{index}"]
+
+
+def run_children(argv: Sequence[str], n: int, *, worker_id: str) -> tuple[RunSummary, int]:
+    """Start ``n`` children, forward SIGTERM/SIGINT, merge what they print."""
+    procs = [subprocess.Popen([sys.executable, "-m", "batch.cli", *child_argv(argv, i,
+                                                                             worker_id)],
+                              stdout=subprocess.PIPE) for i in range(n)]
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        outs = [p.communicate()[0] for p in procs]
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    codes = [p.returncode for p in procs]
+    parts: list[RunSummary] = []
+    for i, (out, code) in enumerate(zip(outs, codes, strict=True)):
+        try:
+            parts.append(RunSummary.from_json(json.loads(out.decode().strip().splitlines()[-1])))
+        except (ValueError, IndexError, SummaryError):
+            log.error("a worker process printed no summary", extra={
+                "action": "worker_process_failed", "index": i, "exit_code": code})
+    if not parts:
+        raise SummaryError(f"no worker process printed a summary (exit codes {codes})")
+    return merge_summaries(parts, worker_id=worker_id, codes=codes), worst_exit(codes)

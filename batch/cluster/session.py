@@ -1,0 +1,286 @@
+"""A worker's cluster session: its registry row kept alive, the shared limits refilled, the
+fall-back to local limits while Redis is gone.
+
+- Presence: a heartbeat every ``heartbeat`` seconds; each beat also reaps workers seen dead
+  (batch/cluster/registry.py) and refreshes the live count. ``stopped_at`` at the end.
+- Shared rate: every slice, one pipelined round trip reserves each provider's permits
+  (batch/cluster/permits.py, scripts.py); a 42902 seen here lowers the cluster's rate.
+- Redis lost (an error or a timeout on any round trip): every provider's limiter runs
+  alone at its rate divided by the live workers, loudly logged and counted for the summary;
+  Redis is tried again every second, and the shared limit comes back with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import date
+from typing import Any
+
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from batch.clock import Clock
+from batch.cluster import registry
+from batch.cluster.allowance import SharedAllowance
+from batch.cluster.permits import SLICE, PermitStock
+from batch.cluster.scripts import Keys, RateAsk, Scripts
+from batch.db.nodes import heartbeat
+from batch.errors import InputError, describe
+from batch.resilience.chain import ProviderChain
+from batch.resilience.limiter import DECREASE_GAP
+
+log = logging.getLogger("mydata.cluster")
+
+
+class RedisUnreachable(InputError):
+    """Cluster mode asked for, Redis not answering at the start."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterOptions:
+    redis_url: str
+    #: seconds between heartbeats, and without one before a worker is dead (clock seconds)
+    heartbeat: float = 3.0
+    dead_after: float = 15.0
+    namespace: str = "mydata"
+    #: how far ahead a worker reserves shared permits (seconds)
+    horizon: float = 0.3
+    #: a Redis round trip slower than this counts as Redis lost (real seconds)
+    redis_timeout: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not self.redis_url:
+            raise ValueError("redis_url is empty")
+        if not 0 < self.heartbeat < self.dead_after:
+            raise ValueError("heartbeat must be positive and shorter than dead_after")
+        if self.horizon <= 0 or self.redis_timeout <= 0:
+            raise ValueError("horizon and redis_timeout must be positive")
+
+
+def _speed(clock: Clock) -> float:
+    speed = getattr(clock, "speed", 1.0)
+    return float(speed) if isinstance(speed, int | float) and speed > 0 else 1.0
+
+
+def redis_client(url: str, timeout: float) -> Redis:
+    return Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                          health_check_interval=0)
+
+
+async def check_redis(url: str, timeout: float = 2.0) -> None:
+    """RedisUnreachable (one line, exit 2) unless Redis answers a PING."""
+    client = redis_client(url, timeout)
+    try:
+        await client.ping()
+    except Exception as exc:
+        raise RedisUnreachable(
+            f"cluster mode: Redis at {_redact(url)} is unreachable ({describe(exc)}); "
+            "start it or run without --redis") from None
+    finally:
+        await client.aclose()
+
+
+def _redact(url: str) -> str:
+    if "@" in url:
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return url
+
+
+class ClusterSession:
+    """What ``run --redis`` adds to one worker (the runner's ``cluster`` hooks)."""
+
+    def __init__(self, engine: AsyncEngine, *, clock: Clock, options: ClusterOptions) -> None:
+        self.options = options
+        self._engine = engine
+        self._clock = clock
+        self.speed = _speed(clock)
+        self._redis = redis_client(options.redis_url, options.redis_timeout)
+        self.scripts = Scripts(self._redis, keys=Keys(options.namespace), speed=self.speed)
+        self._chains: dict[str, ProviderChain] = {}
+        self._stocks: dict[str, PermitStock] = {}
+        self.allowances: dict[str, SharedAllowance] = {}
+        self._live = 1
+        self._shared = True
+        self._lost_at: float | None = None
+        self.node_id = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        # for the summary
+        self.fallbacks = 0
+        self.fallback_seconds = 0.0
+        self.reaped = 0
+        self.last_error = ""
+
+    # ---------------------------------------------------------------- the Link of allowances
+    def live(self) -> int:
+        return self._live
+
+    @property
+    def shared(self) -> bool:
+        return self._shared
+
+    def lost(self, exc: BaseException) -> None:
+        """Redis failed a round trip: every limiter falls back to its share, loudly."""
+        if not self._shared:
+            return
+        self._shared = False
+        self._lost_at = self._clock.monotonic()
+        self.fallbacks += 1
+        self.last_error = describe(exc)
+        self._apply_local()
+        log.error("REDIS LOST: shared rate limits replaced by local ones (rate / live "
+                  "workers) until it is back", extra={
+                      "action": "shared_limit_lost", "error": self.last_error,
+                      "live_workers": self._live})
+
+    def _apply_local(self) -> None:
+        share = 1.0 / max(1, self._live)
+        for org, chain in self._chains.items():
+            chain.limiter.shared = None
+            chain.limiter.set_share(share)
+            self._stocks[org].clear()
+
+    def _restore(self) -> None:
+        self._shared = True
+        if self._lost_at is not None:
+            self.fallback_seconds += self._clock.monotonic() - self._lost_at
+            self._lost_at = None
+        for org, chain in self._chains.items():
+            chain.limiter.set_share(1.0)
+            chain.limiter.shared = self._stocks[org]
+        log.warning("Redis is back: shared rate limits in force again", extra={
+            "action": "shared_limit_restored"})
+
+    # ---------------------------------------------------------------- the runner's hooks
+    async def schema_current(self, engine: AsyncEngine) -> bool:
+        """The schema is at this version already: a worker joining a running cluster must
+        not re-run the migrations' DDL under the others' claims (PostgreSQL deadlocks)."""
+        from sqlalchemy import func, select
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from batch.db import schema as db_schema
+        from batch.db.engine import connect
+
+        try:
+            async with connect(engine) as conn:
+                have = (await conn.execute(select(func.max(
+                    db_schema.schema_migrations.c.version)))).scalar()
+        except (SQLAlchemyError, OSError, InputError):
+            return False
+        return isinstance(have, int) and have >= db_schema.SCHEMA_VERSION
+
+    def server_scale(self, engine: AsyncEngine) -> float:
+        """Clock seconds per second of the heartbeat's clock: PostgreSQL's is the server's
+        (real time), SQLite's the worker's own clock."""
+        return self.speed if engine.dialect.name == "postgresql" else 1.0
+
+    def allowance(self, org_code: str, *, day: date, quota: int,
+                  attempted_before: int) -> SharedAllowance:
+        a = SharedAllowance(org_code, scripts=self.scripts, link=self, day=day.isoformat(),
+                            quota=quota, seed=attempted_before)
+        self.allowances[org_code] = a
+        return a
+
+    def attach(self, chain: ProviderChain) -> None:
+        st = chain.limiter.settings
+        stock = PermitStock(chain.org_code, rate=st.calls_per_second, burst=st.burst,
+                            horizon=self.options.horizon)
+        self._chains[chain.org_code] = chain
+        self._stocks[chain.org_code] = stock
+        chain.limiter.shared = stock
+
+    async def start(self, node_id: int) -> None:
+        self.node_id = node_id
+        await self._refresh_live()
+        self._tasks = [asyncio.create_task(self._presence(), name="cluster-presence"),
+                       asyncio.create_task(self._refill(), name="cluster-refill")]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        for a in self.allowances.values():
+            await asyncio.gather(*a._refunds, return_exceptions=True)
+        if self._lost_at is not None:
+            self.fallback_seconds += self._clock.monotonic() - self._lost_at
+            self._lost_at = None
+        try:
+            await heartbeat(self._engine, self.node_id, now=self._clock.now(), stopped=True)
+        except Exception as exc:
+            log.warning("could not mark this worker stopped", extra={
+                "action": "worker_stop_failed", "error": describe(exc)})
+        await self._redis.aclose()
+
+    def report(self) -> dict[str, Any]:
+        """For the summary: what the shared state did in this worker."""
+        return {
+            "node_id": self.node_id, "live_workers": self._live,
+            "shared_limit": "shared" if self._shared else "local (Redis lost)",
+            "redis_fallbacks": self.fallbacks,
+            "redis_fallback_seconds": round(self.fallback_seconds, 1),
+            "permit_refusals": sum(s.refused for s in self._stocks.values()),
+            "dead_workers_reaped": self.reaped,
+            **({"redis_error": self.last_error} if self.fallbacks else {}),
+        }
+
+    # ---------------------------------------------------------------- loops
+    async def _refresh_live(self) -> None:
+        live = await registry.live_workers(self._engine, now=self._clock.now())
+        n = max(1, len(live))
+        if n != self._live:
+            self._live = n
+            if not self._shared:
+                self._apply_local()
+
+    async def _presence(self) -> None:
+        timeout_s = self.options.dead_after
+        while True:
+            await self._clock.sleep(self.options.heartbeat)
+            try:
+                await heartbeat(self._engine, self.node_id, now=self._clock.now())
+                got = await registry.reap(self._engine, now=self._clock.now(), me=self.node_id)
+                self.reaped += len(got)
+                await self._refresh_live()
+            except Exception as exc:
+                log.warning("heartbeat failed", extra={
+                    "action": "heartbeat_failed", "error": describe(exc),
+                    "dead_after": timeout_s})
+
+    async def _refill(self) -> None:
+        while True:
+            await self._clock.sleep(SLICE if self._shared else 1.0)
+            try:
+                if self._shared:
+                    await self._refill_once()
+                else:
+                    await self._redis.ping()
+                    self._restore()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.lost(exc)
+
+    async def _refill_once(self) -> None:
+        now = self._clock.monotonic()
+        asks: list[RateAsk] = []
+        for org, stock in self._stocks.items():
+            chain = self._chains[org]
+            st = chain.limiter.settings
+            if stock.pop_throttled():
+                await self.scripts.throttle(
+                    org, factor=st.throttle_factor, floor=st.min_rate_fraction,
+                    hold=st.throttle_hold, gap=DECREASE_GAP, recovery=st.recovery_time)
+            n = stock.want(now, self._live)
+            if n > 0:
+                asks.append(RateAsk(org, st.calls_per_second, st.burst, n,
+                                    self.options.horizon, st.recovery_time))
+        if not asks:
+            return
+        sent = self._clock.monotonic()
+        got = await self.scripts.permits(asks)
+        at = (sent + self._clock.monotonic()) / 2  # about when the server read its TIME
+        for ask, g in zip(asks, got, strict=True):
+            self._stocks[ask.org_code].add(g.offsets, at, g.factor)

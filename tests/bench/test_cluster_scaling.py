@@ -1,0 +1,117 @@
+"""Cluster mode: 1, 2 and 4 workers (`run --redis`) against the simulator at 50 ms median
+latency, on one PostgreSQL and a private Redis.
+
+Run: ``pytest -q -s tests/bench/test_cluster_scaling.py`` (about 4 minutes). Two cases:
+
+- limits not binding (2000 calls/s per provider): total calls/s of the cluster; the goal is
+  2 workers >= 1.8x one worker;
+- limits binding (40 calls/s per provider, more work than the window holds): the peak
+  per-provider rate the simulator saw in any 1-second window; the goal is within 2% of the
+  limit.
+
+Each configuration runs the last ``BENCH_SECONDS`` (default 30) of a window, real time.
+The machine's load average is printed beside the figures (it is shared).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from batch.clock import KST, ScaledClock
+from batch.simulator import SimulatorProcess
+from tests.conftest import PG_ADMIN_URL, _admin
+from tests.integration.cluster_helpers import private_redis, worker_cmd
+from tests.integration.helpers import (
+    free_ports,
+    institutions_toml,
+    make_institutions,
+    populate_url,
+    subprocess_env,
+)
+
+SECONDS = float(os.environ.get("BENCH_SECONDS", "30"))
+WINDOW = "0100:0105"
+END = datetime(2026, 11, 30, 1, 5, 0, tzinfo=KST)
+
+
+def _one(pg_url: str, tmp_path: Path, workers: int, cps: int, per_provider: int
+         ) -> dict[str, float]:
+    ports = free_ports(2)
+    toml = tmp_path / f"inst-{workers}-{cps}.toml"
+    toml.write_text(institutions_toml(ports, cps=cps).replace(
+        "max_concurrency = 20", "max_concurrency = 200"))
+    insts = make_institutions(ports, cps=cps)
+    # start so that SECONDS (plus the 10 s finish margin) are left of the window
+    start = END - timedelta(seconds=SECONDS + 10 + 5)
+    clock = ScaledClock(1.0, start=start)
+    populate_url(pg_url, insts, per_provider=per_provider, now=clock.now())
+    env = subprocess_env(MYDATA_CLOCK=clock.spec())
+    scen = tmp_path / "scenario.toml"
+    scen.write_text("[defaults]\nlatency_median_ms = 50\nlatency_p99_ms = 150\n"
+                    "items_min = 1\nitems_max = 1\n")
+    os.environ["MYDATA_CLOCK"] = clock.spec()
+    try:
+        with private_redis() as (redis_url, _), SimulatorProcess(
+                toml, scenario_path=scen, window_override=[WINDOW]) as sim:
+            t0 = time.monotonic()
+            procs = [subprocess.Popen(worker_cmd(pg_url, redis_url, WINDOW, name=f"b{i}"),
+                                      env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL) for i in range(workers)]
+            outs = [p.communicate(timeout=SECONDS + 120)[0] for p in procs]
+            wall = time.monotonic() - t0
+            stats = sim.stats()
+    finally:
+        os.environ.pop("MYDATA_CLOCK", None)
+    sums = [json.loads(o) for o in outs if o.strip()]
+    calls = sum(p["calls"] for p in stats["providers"].values())
+    busy = max((s["elapsed_seconds"] for s in sums), default=wall)
+    return {"calls": calls, "calls_per_s": calls / max(busy, 1e-9),
+            "peak": max(p["peak_1s"] for p in stats["providers"].values()),
+            "violations": sum(p["violations"]["rate"] for p in stats["providers"].values())}
+
+
+@pytest.mark.parametrize("case", ["free", "binding"])
+def test_cluster_scaling(tmp_path: Path, case: str) -> None:
+    cps, per = (2000, 40000) if case == "free" else (40, 6000)
+    rows = {}
+    for n in (1, 2, 4):
+        with _fresh_db() as db:
+            rows[n] = _one(db, tmp_path, n, cps, per)
+    load = os.getloadavg()
+    print(f"\n== cluster scaling, limits {case} ({cps} calls/s per provider, 2 providers), "
+          f"50 ms median latency, {os.cpu_count()} CPUs, load avg {load[0]:.2f} "
+          f"{load[1]:.2f} {load[2]:.2f} ==")
+    for n, r in rows.items():
+        print(f"{n} worker(s): {r['calls']:>7} calls, {r['calls_per_s']:8.1f} calls/s total, "
+              f"peak per provider {r['peak']:>5}/s (limit {cps}), "
+              f"bucket violations {r['violations']}")
+    if case == "free":
+        print(f"2 workers / 1 worker: {rows[2]['calls_per_s'] / rows[1]['calls_per_s']:.2f}x "
+              "(goal >= 1.8x)")
+    else:
+        worst = max(r["peak"] for r in rows.values())
+        print(f"worst 1-second peak: {worst}/s = {100 * (worst / cps - 1):+.1f}% of the limit "
+              "(goal within 2%)")
+    assert all(r["calls"] > 0 for r in rows.values())
+
+
+@contextmanager
+def _fresh_db() -> Iterator[str]:
+    """A fresh PostgreSQL database per configuration, dropped afterwards."""
+    name = f"mydata_b_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+    finally:
+        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

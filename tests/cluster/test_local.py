@@ -1,0 +1,238 @@
+"""Cluster mode's pure parts: the permit stock, the limiter's shared hook, the fall-back to
+local limits (FakeClock), the shared allowance's fall-back, merged summaries."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from batch.clock import FakeClock
+from batch.cluster.allowance import SharedAllowance
+from batch.cluster.permits import PermitStock
+from batch.cluster.processes import child_argv, merge_summaries, worst_exit
+from batch.cluster.scripts import Scripts
+from batch.cluster.session import ClusterOptions, ClusterSession
+from batch.cluster.view import cluster_view
+from batch.dispatch.summary import COUNTERS, ProviderSummary, RunSummary
+from batch.resilience.chain import ProviderChain
+from batch.resilience.limiter import RateLimiter
+from batch.resilience.outcomes import Kind, Outcome
+from batch.resilience.settings import ChainSettings, LimiterSettings
+
+# -- the stock --------------------------------------------------------------------------
+
+
+def test_a_stock_hands_out_its_slots_in_order_and_drops_stale_ones() -> None:
+    s = PermitStock("BANK000001", rate=10, burst=1, horizon=0.3, stale_after=0.05)
+    s.add((0.0, 0.1, 0.2), at=100.0)
+    assert s.take(100.0) == 100.0
+    assert s.take(100.2) == 100.2  # 100.1 was left unused past stale_after: dropped
+    assert s.take(100.2) is None  # empty: refused, never borrowed
+    assert s.refused == 1
+
+
+def test_a_stock_asks_for_its_share_or_its_demand_never_more_than_the_horizon() -> None:
+    s = PermitStock("BANK000001", rate=30, burst=1, horizon=0.3)
+    assert s.want(0.0, live=3) == 4  # ceil(30/s / 3 workers * 0.3 s * 1.2)
+    s.add((0.0,) * 4, at=0.0)
+    assert s.want(0.0, live=3) == 0  # stocked already
+    for _ in range(4):
+        assert s.take(0.05) is not None
+    for _ in range(20):  # a burst of demand: refused, and asked for next time
+        s.take(0.05)
+    assert s.want(0.1, live=3) == 10  # capped at the horizon: 30 * 0.3 + burst
+
+
+# -- the limiter's hook --------------------------------------------------------------------
+
+
+class _Shared:
+    def __init__(self, slots: list[float | None]) -> None:
+        self.slots = slots
+        self.throttles: list[float] = []
+
+    def take(self, now: float) -> float | None:
+        return self.slots.pop(0)
+
+    def throttled(self, now: float) -> None:
+        self.throttles.append(now)
+
+
+def test_the_local_limiter_waits_for_the_later_of_its_slot_and_the_shared_one() -> None:
+    lim = RateLimiter(LimiterSettings(calls_per_second=10))
+    lim.shared = _Shared([0.25, 0.0, None])
+    assert lim.reserve(0.0, 5.0) == pytest.approx(0.25)  # the shared slot is later
+    assert lim.reserve(0.0, 5.0) == pytest.approx(0.1)  # the local one is later
+    assert lim.reserve(0.0, 5.0) == -1.0  # no shared permit: refused
+    # a refusal reserved nothing locally: the next local slot is still .2
+    lim.shared = None
+    assert lim.reserve(0.0, 5.0) == pytest.approx(0.2)
+
+
+def test_a_42902_lowers_the_shared_rate_too_and_a_share_divides_the_local_one() -> None:
+    lim = RateLimiter(LimiterSettings(calls_per_second=12))
+    shared = _Shared([])
+    lim.shared = shared
+    lim.observe(Outcome(Kind.THROTTLED, rsp_code="42902"), 3.0)
+    assert shared.throttles == [3.0]
+    assert lim.rate(3.0) == pytest.approx(6.0)
+    lim.set_share(1 / 3)
+    assert lim.base_rate == pytest.approx(4.0)
+    assert lim.rate(3.0) == pytest.approx(2.0)  # the back-off still applies
+    lim.set_share(1.0)
+    assert lim.base_rate == pytest.approx(12.0)
+    with pytest.raises(ValueError):
+        lim.set_share(0.0)
+
+
+# -- the session's fall-back (FakeClock) ---------------------------------------------------
+
+
+def _session(clock: FakeClock) -> tuple[ClusterSession, ProviderChain, ProviderChain]:
+    s = ClusterSession(engine=None, clock=clock,  # type: ignore[arg-type]
+                       options=ClusterOptions("redis://127.0.0.1:1/0"))
+    chains = []
+    for org, cps in (("BANK000001", 30.0), ("CARD000001", 9.0)):
+        c = ProviderChain(org, ChainSettings(limiter=LimiterSettings(calls_per_second=cps)),
+                          clock=clock)
+        s.attach(c)
+        chains.append(c)
+    return s, chains[0], chains[1]
+
+
+def test_redis_lost_each_limiter_runs_alone_at_its_rate_over_the_live_workers(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock(datetime(2026, 11, 30, tzinfo=UTC))
+    s, bank, card = _session(clock)
+    assert bank.limiter.shared is not None and s.shared
+    s._live = 3
+    s.lost(ConnectionError("Connection refused"))
+    assert not s.shared
+    assert bank.limiter.shared is None and card.limiter.shared is None
+    assert bank.limiter.base_rate == pytest.approx(10.0)
+    assert card.limiter.base_rate == pytest.approx(3.0)
+    assert any(r.__dict__.get("action") == "shared_limit_lost" for r in caplog.records)
+    s.lost(ConnectionError("again"))  # already local: counted once
+    assert s.fallbacks == 1
+    clock.advance(7.0)
+    s._live = 2  # the registry saw a worker die: the share grows
+    s._apply_local()
+    assert bank.limiter.base_rate == pytest.approx(15.0)
+    s._restore()
+    assert s.shared and bank.limiter.base_rate == pytest.approx(30.0)
+    assert bank.limiter.shared is s._stocks["BANK000001"]
+    rep = s.report()
+    assert rep["redis_fallbacks"] == 1 and rep["redis_fallback_seconds"] == 7.0
+    assert rep["shared_limit"] == "shared"
+
+
+# -- the allowance without Redis -----------------------------------------------------------
+
+
+class _Link:
+    def __init__(self, live: int, shared: bool) -> None:
+        self._live = live
+        self.shared = shared
+        self.errors: list[BaseException] = []
+
+    def live(self) -> int:
+        return self._live
+
+    def lost(self, exc: BaseException) -> None:
+        self.errors.append(exc)
+        self.shared = False
+
+
+class _Broken:
+    async def grant(self, *a: Any, **kw: Any) -> int:
+        raise ConnectionError("Redis gone")
+
+
+async def test_without_redis_a_worker_grants_itself_its_share_of_the_minute() -> None:
+    link = _Link(live=3, shared=True)
+    a = SharedAllowance("BANK000001", scripts=_Broken(),  # type: ignore[arg-type]
+                        link=link, day="2026-11-30", quota=1000, seed=0)
+    got = [await a.take(60, due, 3, 100) for due in (3, 6, 9, 12, 15, 18)]
+    assert link.errors and not link.shared
+    assert sum(got) == 6  # 18 due in the minute so far, a third of it ours
+    assert got[0] == 1
+    # a new minute starts its own share
+    assert await a.take(61, 3, 3, 100) == 1
+
+
+async def test_a_worker_asks_for_its_share_plus_what_it_was_not_granted() -> None:
+    asks: list[int] = []
+
+    class _Stingy:
+        async def grant(self, org: str, *, want: int, **kw: Any) -> int:
+            asks.append(want)
+            return 0 if len(asks) < 3 else want
+
+    a = SharedAllowance("BANK000001", scripts=_Stingy(),  # type: ignore[arg-type]
+                        link=_Link(live=2, shared=True), day="d", quota=10**6, seed=0)
+    for due in (4, 8, 12):
+        await a.take(60, due, 4, 100)
+    assert asks == [2, 4, 6]  # a dead worker's share is taken up as the carry grows
+
+
+# -- summaries -----------------------------------------------------------------------------
+
+
+def _prov(org: str, **c: int) -> ProviderSummary:
+    return ProviderSummary(org_code=org, counters={k: c.get(k, 0) for k in COUNTERS},
+                           by_outcome={"success": c.get("succeeded", 0)},
+                           calls_per_second=1.5, breaker="closed")
+
+
+def _run(run_id: str, code: int, *provs: ProviderSummary, status: str = "done") -> RunSummary:
+    return RunSummary(run_id=run_id, date="2026-11-30", week_start="2026-11-29",
+                      worker_id="w", status=status, exit_code=code, elapsed_seconds=10.0,
+                      providers=provs)
+
+
+def test_the_merged_exit_code_is_the_one_that_matters_most() -> None:
+    assert worst_exit([0, 0]) == 0
+    assert worst_exit([0, 3]) == 3
+    assert worst_exit([3, 1, 0]) == 1
+    assert worst_exit([1, 2]) == 2
+    assert worst_exit([0, -9]) == 1  # a killed child: work an operator must see
+
+
+def test_summaries_of_workers_merge_into_one() -> None:
+    a = _run("r1", 0, _prov("BANK000001", planned=100, attempted=40, succeeded=40, calls=80))
+    b = _run("r2", 1, _prov("BANK000001", planned=100, attempted=60, succeeded=59, failed=1,
+                            deferred=3, calls=120), status="incomplete")
+    m = merge_summaries([a, b], worker_id="host-1")
+    p = m.provider("BANK000001")
+    assert p.counters["planned"] == 100  # the shared plan, not twice it
+    assert (p.counters["attempted"], p.counters["succeeded"], p.counters["calls"]) == (
+        100, 99, 200)
+    assert p.counters["deferred"] == 0  # counted cluster-wide by each: the latest view
+    assert p.calls_per_second == 3.0
+    assert (m.exit_code, m.status, m.run_id) == (1, "incomplete", "r1+r2")
+
+
+def test_child_command_lines_drop_processes_and_name_each_worker() -> None:
+    argv = ["--db", "x", "run", "--processes", "3", "--only", "B", "--processes=2"]
+    assert child_argv(argv, 1, "h-9") == ["--db", "x", "run", "--only", "B", "--json",
+                                          "--worker-id", "h-9-p1"]
+
+
+def test_deferred_is_judged_cluster_wide_at_a_workers_end() -> None:
+    s = _run("r1", 1, _prov("BANK000001", planned=100, attempted=30, succeeded=30,
+                            deferred=70), status="incomplete")
+    done = cluster_view(s, attempted={"BANK000001": 95}, held={"BANK000001": 5},
+                        report={"node_id": 4})
+    assert done.provider("BANK000001").counters["deferred"] == 0
+    assert (done.exit_code, done.status) == (0, "done")
+    assert done.provider("BANK000001").extra["cluster"] == {"node_id": 4}
+    short = cluster_view(s, attempted={"BANK000001": 90}, held={}, report={})
+    assert short.provider("BANK000001").counters["deferred"] == 10
+    assert (short.exit_code, short.status) == (1, "incomplete")
+
+
+def test_scripts_refuse_a_bad_speed() -> None:
+    with pytest.raises(ValueError):
+        Scripts(None, speed=0)  # type: ignore[arg-type]

@@ -1,0 +1,91 @@
+"""The cluster's Lua scripts against the real Redis (db 15, flushed by the fixture)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from batch.cluster.scripts import Keys, RateAsk, Scripts
+
+
+@pytest.fixture
+async def scripts(redis_url: str) -> AsyncIterator[Scripts]:
+    client = Redis.from_url(redis_url)
+    try:
+        yield Scripts(client, keys=Keys(f"t{uuid.uuid4().hex[:8]}"), speed=1.0)
+    finally:
+        await client.aclose()
+
+
+def _ask(n: int, *, rate: float = 10.0, burst: int = 1, horizon: float = 0.35) -> RateAsk:
+    return RateAsk("BANK000001", rate, burst, n, horizon, 60.0)
+
+
+async def test_permits_are_spaced_by_the_rate_and_bounded_by_the_horizon(
+        scripts: Scripts) -> None:
+    (g,) = await scripts.permits([_ask(10)])
+    assert g.factor == 1.0
+    # 10 calls/s, no burst: slots 0, .1, .2, .3 from the server's now; .4 is past .35
+    assert len(g.offsets) == 4
+    gaps = [b - a for a, b in zip(g.offsets, g.offsets[1:], strict=False)]
+    assert all(abs(d - 0.1) < 1e-6 for d in gaps)
+    assert g.offsets[0] == pytest.approx(0.0, abs=1e-6)
+    # the next ask continues after the last slot handed out: no slot is given twice
+    (h,) = await scripts.permits([_ask(10, horizon=1.0)])
+    assert h.offsets[0] >= 0.4 - 0.05
+    assert len(h.offsets) <= 7
+
+
+async def test_a_burst_lets_that_many_go_at_once(scripts: Scripts) -> None:
+    (g,) = await scripts.permits([_ask(5, burst=3, horizon=0.15)])
+    assert g.offsets[:3] == pytest.approx((0.0, 0.0, 0.0), abs=1e-3)
+    assert len(g.offsets) == 4  # the fourth at ~.1
+
+
+async def test_two_workers_share_one_rate(scripts: Scripts) -> None:
+    a, b = await scripts.permits([_ask(20, horizon=0.95), _ask(20, horizon=0.95)])
+    # together never more than a second's worth: 10 calls/s over [0, .95] is 10 slots
+    assert len(a.offsets) + len(b.offsets) == 10
+
+
+async def test_a_42902_anywhere_halves_the_rate_for_everyone_once_per_gap(
+        scripts: Scripts) -> None:
+    low = await scripts.throttle("BANK000001", factor=0.5, floor=0.1, hold=30, gap=1.0,
+                                 recovery=60)
+    assert low == 0.5
+    again = await scripts.throttle("BANK000001", factor=0.5, floor=0.1, hold=30, gap=1.0,
+                                   recovery=60)
+    assert again == 0.5  # answers to calls already in flight do not lower it again
+    (g,) = await scripts.permits([_ask(10, horizon=0.5)])
+    assert g.factor == 0.5
+    gaps = [b - a for a, b in zip(g.offsets, g.offsets[1:], strict=False)]
+    assert gaps and all(abs(d - 0.2) < 1e-6 for d in gaps)
+
+
+async def test_the_scaled_clock_of_a_test_scales_the_servers_time(redis_url: str) -> None:
+    client = Redis.from_url(redis_url)
+    try:
+        fast = Scripts(client, keys=Keys(f"t{uuid.uuid4().hex[:8]}"), speed=10.0)
+        (g,) = await fast.permits([_ask(3, horizon=1.0)])
+        # offsets in clock seconds: still .1 apart at 10 calls per (scaled) second
+        assert [round(b - a, 6) for a, b in zip(g.offsets, g.offsets[1:], strict=False)] == [
+            0.1, 0.1]
+    finally:
+        await client.aclose()
+
+
+async def test_grants_stop_at_the_minutes_target_so_far_and_at_the_days_quota(
+        scripts: Scripts) -> None:
+    kw = {"day": "2026-11-30", "minute": 60, "quota": 25, "seed": 10}
+    assert await scripts.grant("BANK000001", want=4, due=3, **kw) == 3
+    assert await scripts.grant("BANK000001", want=4, due=3, **kw) == 0  # another worker
+    assert await scripts.grant("BANK000001", want=4, due=6, **kw) == 3
+    # the day: seeded with 10 attempts, 6 granted, 25 in all: 9 left
+    assert await scripts.grant("BANK000001", want=50, due=100, **kw) == 9
+    assert await scripts.grant("BANK000001", want=5, due=100,
+                               **{**kw, "minute": 61}) == 0
+    await scripts.refund("BANK000001", day="2026-11-30", n=2)
+    assert await scripts.grant("BANK000001", want=5, due=100, **{**kw, "minute": 61}) == 2
