@@ -16,6 +16,8 @@ kind with one lease-guarded statement, so they cannot disagree.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -126,7 +128,9 @@ _PG_CLAIM = text(
     FROM picked
     WHERE c.id = picked.id
     RETURNING c.id, c.user_id, c.due_week, c.attempts, c.unknown_attempts, picked.stale,
-              c.access_token, c.refresh_token, c.pending_items
+              c.access_token, c.refresh_token, c.pending_items,
+              (SELECT array_agg(d.item_id) FROM dead_assets AS d
+               WHERE d.consent_id = c.id) AS dead_items
     """
 ).bindparams(*_PICK_PARAMS, bindparam("until", type_=UTCDateTime),
              bindparam("worker", type_=String))
@@ -161,11 +165,13 @@ async def claim(
             # the consent is merely unleased again (and a repeat call meets the provider's
             # 42901), so the claim need not wait for the WAL flush. Outcomes, which are not
             # soft, keep synchronous commits.
+            # The dead items ride along in the same statement (one round trip).
             await conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
             rows: Sequence[Any] = (await conn.execute(_PG_CLAIM, params)).all()
+            dead = {r.id: [str(x) for x in r.dead_items] for r in rows if r.dead_items}
         else:
             rows = await _sqlite_claim(conn, params, week)
-        dead = await _dead_items(conn, [r.id for r in rows])
+            dead = await _dead_items(conn, [r.id for r in rows])
     claims = [
         Claim(id=r.id, org_code=org_code, user_id=r.user_id, due_week=_as_date(r.due_week),
               attempts=r.attempts, unknown_attempts=r.unknown_attempts, stale=bool(r.stale),
@@ -249,6 +255,27 @@ async def mark_started(engine: AsyncEngine, ids: Sequence[int], *, worker: str,
     Marked a little early (the coming second's claims at once), never late."""
     return await _each_chunk(engine, ids, worker,
                              {"started_at": func.coalesce(consents.c.started_at, at)})
+
+
+async def mark_started_many(engine: AsyncEngine, marks: Sequence[tuple[Sequence[int], str]],
+                            *, at: datetime) -> set[int]:
+    """Start marks of many callers (ids, worker) in one transaction, one statement per
+    worker: the ids actually marked (still leased by their worker)."""
+    by_worker: dict[str, list[int]] = defaultdict(list)
+    for ids, worker in marks:
+        by_worker[worker].extend(ids)
+    c = consents.c
+    done: set[int] = set()
+    async with transaction(engine) as conn:
+        for worker, ids in by_worker.items():
+            for i in range(0, len(ids), 5000):
+                res = await conn.execute(
+                    update(consents)
+                    .where(c.id.in_(ids[i:i + 5000]), c.lease_owner == worker)
+                    .values(started_at=func.coalesce(c.started_at, at))
+                    .returning(c.id))
+                done.update(int(x) for x in res.scalars())
+    return done
 
 
 async def _each_chunk(engine: AsyncEngine, ids: Sequence[int], worker: str,
@@ -465,29 +492,89 @@ class WorkStore(Protocol):
 
 
 class SqlWorkStore:
-    """The real store (SQLite or PostgreSQL): the functions above over one engine."""
+    """The real store (SQLite or PostgreSQL): the functions above over one engine.
+
+    Shared by every provider of a run, it cuts statements where they would grow with the
+    number of providers: start marks asked for in the same turn of the event loop (or while
+    the previous one is in flight) are applied together, one statement for all providers,
+    and each caller still returns only once its own claims are marked. On SQLite, whose
+    file has one writer at a time, this process's writes take turns on a lock instead of
+    meeting on the file's lock (whose busy handler sleeps up to 100 ms per retry).
+    """
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
+        self._serial: asyncio.Lock | None = (
+            asyncio.Lock() if engine.dialect.name == "sqlite" else None)
+        self._marks: list[tuple[Sequence[int], str, datetime, asyncio.Future[set[int]]]] = []
+        self._marking: asyncio.Task[None] | None = None
+        #: statements-in-transactions issued, by kind (benchmarks read it)
+        self.transactions: dict[str, int] = defaultdict(int)
+
+    def _turn(self) -> contextlib.AbstractAsyncContextManager[object]:
+        return self._serial if self._serial is not None else contextlib.nullcontext()
 
     async def claim(self, org_code: str, *, worker: str, week: date, now: datetime,
                     limit: int, after: Cursor = START,
                     lease: timedelta = timedelta(minutes=10)) -> list[Claim]:
-        return await claim(self.engine, org_code, worker=worker, week=week, now=now,
-                           limit=limit, after=after, lease=lease)
+        if limit <= 0:
+            return []
+        self.transactions["claim"] += 1
+        async with self._turn():
+            return await claim(self.engine, org_code, worker=worker, week=week, now=now,
+                               limit=limit, after=after, lease=lease)
 
     async def release(self, ids: Sequence[int], *, worker: str) -> int:
-        return await release(self.engine, ids, worker=worker)
+        self.transactions["release"] += 1
+        async with self._turn():
+            return await release(self.engine, ids, worker=worker)
 
     async def extend(self, ids: Sequence[int], *, worker: str, until: datetime) -> int:
-        return await extend(self.engine, ids, worker=worker, until=until)
+        self.transactions["extend"] += 1
+        async with self._turn():
+            return await extend(self.engine, ids, worker=worker, until=until)
 
     async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime) -> int:
-        return await mark_started(self.engine, ids, worker=worker, at=at)
+        """Returns once ``ids`` are marked (with everyone's marks of this turn)."""
+        if not ids:
+            return 0
+        done: asyncio.Future[set[int]] = asyncio.get_running_loop().create_future()
+        self._marks.append((list(ids), worker, at, done))
+        if self._marking is None:
+            self._marking = asyncio.create_task(self._mark_all(), name="start-marks")
+        marked = await asyncio.shield(done)
+        return sum(1 for i in ids if i in marked)
+
+    async def _mark_all(self) -> None:
+        try:
+            while self._marks:
+                await asyncio.sleep(0)  # the other providers' marks of this turn join
+                batch, self._marks = self._marks, []
+                self.transactions["mark"] += 1
+                try:
+                    async with self._turn():
+                        # the earliest time asked: a mark may be early, never late
+                        marked = await mark_started_many(
+                            self.engine, [(ids, w) for ids, w, _, _ in batch],
+                            at=min(at for _, _, at, _ in batch))
+                except Exception as exc:
+                    for *_, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                else:
+                    for *_, fut in batch:
+                        if not fut.done():
+                            fut.set_result(marked)
+        finally:
+            self._marking = None
 
     async def apply(self, changes: Sequence[Change], *, run_id: str, worker: str,
                     day: date) -> None:
-        await apply(self.engine, changes, run_id=run_id, worker=worker, day=day)
+        self.transactions["apply"] += 1
+        async with self._turn():
+            await apply(self.engine, changes, run_id=run_id, worker=worker, day=day)
 
     async def save_token(self, t: TokenRefreshed) -> None:
-        await save_token(self.engine, t)
+        self.transactions["save_token"] += 1
+        async with self._turn():
+            await save_token(self.engine, t)

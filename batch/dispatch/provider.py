@@ -2,7 +2,8 @@
 starting each 100 ms slice's refreshes as detached tasks, at the planned rate.
 
 The producer fetches just ahead of the consumer (a couple of seconds of work, never a whole
-minute) into a queue kept at that size. Ahead of the starts, in the background, the
+minute) into a queue kept at that size, and only while a minute with work is on (an idle
+provider costs no query). Ahead of the starts, in the background, the
 consumer keeps about the coming second of the queue's head marked started (one statement
 per half second or so), and starts only marked claims: after a crash, a claim that may have
 been called is never taken for an uncalled one, and a claim that only sat in the queue is
@@ -51,6 +52,8 @@ class DispatchSettings:
     lookahead_seconds: float = 2.0
     claim_interval: float = 1.0
     max_claim: int = 5000
+    #: the fewest claims fetched at once (fewer queries for slow providers)
+    min_claim: int = 10
     idle_recheck: float = 5.0
     #: no refresh starts in a window's last seconds, so its calls end inside the window
     finish_margin: float = 10.0
@@ -60,6 +63,8 @@ class DispatchSettings:
             raise ValueError("worker_id must not be empty")
         if self.lease <= timedelta(seconds=1):
             raise ValueError("lease must be longer than a second")
+        if self.min_claim < 1 or self.max_claim < self.min_claim:
+            raise ValueError("need 1 <= min_claim <= max_claim")
         if self.lookahead_seconds <= 0 or self.claim_interval <= 0:
             raise ValueError("lookahead_seconds and claim_interval must be positive")
         if not 0 <= self.finish_margin <= 30:
@@ -135,8 +140,7 @@ class ProviderDispatcher:
         renew_at = nxt + self._settings.lease.total_seconds() / 3
         while not stop.is_set() and self._claiming:
             now_m = self._clock.monotonic()
-            buffer = math.ceil(self._rate * self._settings.lookahead_seconds) + 1
-            want = min(buffer - len(self._queue), self._to_claim(), self._settings.max_claim)
+            want = self._want()
             if want > 0 and now_m >= idle_until and self._writer.healthy:
                 try:
                     got = await self._claim(cursor, want)
@@ -174,6 +178,19 @@ class ProviderDispatcher:
             except TimeoutError:
                 pass
             self._nudge.clear()
+
+    def _want(self) -> int:
+        """How many to claim now: nothing outside a minute with work (an idle provider
+        costs no query); else, once the queue holds less than ``lookahead_seconds`` of
+        work, refill it to that but at least ``min_claim``, so a slow provider claims
+        every few seconds, not every second."""
+        if self._rate <= 0:
+            return 0
+        s = self._settings
+        low = math.ceil(self._rate * s.lookahead_seconds) + 1
+        if len(self._queue) >= low:
+            return 0
+        return min(max(low, s.min_claim) - len(self._queue), self._to_claim(), s.max_claim)
 
     async def _renew(self) -> None:
         """Heartbeat: keep the leases of everything we hold, so no one else takes it."""
