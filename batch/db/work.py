@@ -172,6 +172,12 @@ async def claim(
         else:
             rows = await _sqlite_claim(conn, params, week)
             dead = await _dead_items(conn, [r.id for r in rows])
+    return _claims_of(rows, org_code, dead)
+
+
+def _claims_of(rows: Iterable[Any], org_code: str,
+               dead: dict[int, list[str]]) -> list[Claim]:
+    """Claims from the claim statement's rows (the token columns are read here only)."""
     claims = [
         Claim(id=r.id, org_code=org_code, user_id=r.user_id, due_week=_as_date(r.due_week),
               attempts=r.attempts, unknown_attempts=r.unknown_attempts, stale=bool(r.stale),
@@ -182,6 +188,95 @@ async def claim(
     ]
     claims.sort(key=lambda c: c.cursor)
     return claims
+
+
+#: One claim statement for many providers (PostgreSQL): per request (org, cursor, limit),
+#: the same keyset scan as ``_PG_CLAIM`` through a LATERAL join, locked and leased together.
+_PG_CLAIM_MANY = text(
+    """
+    WITH req AS (
+        SELECT * FROM unnest(CAST(:orgs AS char(10)[]), CAST(:cur_weeks AS date[]),
+                             CAST(:cur_ids AS bigint[]), CAST(:ns AS integer[]))
+            AS r(org, cur_week, cur_id, n)
+    ), picked AS (
+        SELECT p.id, p.stale FROM req CROSS JOIN LATERAL (
+            SELECT id, (lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale
+            FROM consents
+            WHERE org_code = req.org AND status = 'active' AND due_week <= :wk
+              AND (due_week, id) > (req.cur_week, req.cur_id)
+              AND not_before <= :now
+              AND (lease_until IS NULL OR lease_until < :now)
+            ORDER BY due_week, id
+            LIMIT req.n
+            FOR UPDATE SKIP LOCKED
+        ) AS p
+    )
+    UPDATE consents AS c
+    SET lease_owner = :worker, lease_until = :until, started_at = NULL, counters_week = :wk,
+        attempts = CASE WHEN c.counters_week = :wk THEN c.attempts ELSE 0 END,
+        unknown_attempts = CASE WHEN c.counters_week = :wk THEN c.unknown_attempts ELSE 0 END
+            + CASE WHEN picked.stale THEN 1 ELSE 0 END,
+        pending_items = CASE WHEN c.counters_week = :wk THEN c.pending_items END
+    FROM picked
+    WHERE c.id = picked.id
+    RETURNING c.id, c.org_code, c.user_id, c.due_week, c.attempts, c.unknown_attempts,
+              picked.stale, c.access_token, c.refresh_token, c.pending_items,
+              (SELECT array_agg(d.item_id) FROM dead_assets AS d
+               WHERE d.consent_id = c.id) AS dead_items
+    """
+).bindparams(bindparam("wk", type_=Date), bindparam("now", type_=UTCDateTime),
+             bindparam("until", type_=UTCDateTime), bindparam("worker", type_=String))
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One provider's claim, to be made together with others (:func:`claim_many`)."""
+
+    org_code: str
+    limit: int
+    after: Cursor = START
+
+
+async def claim_many(
+    engine: AsyncEngine,
+    requests: Sequence[ClaimRequest],
+    *,
+    worker: str,
+    week: date,
+    now: datetime,
+    lease: timedelta = timedelta(minutes=10),
+) -> list[list[Claim]]:
+    """:func:`claim` for several providers (one request each) in one transaction, on
+    PostgreSQL in one statement; the claims of each request, in keyset order."""
+    if len({r.org_code for r in requests}) != len(requests):
+        raise ValueError("one request per provider")
+    asked = [r for r in requests if r.limit > 0]
+    if not asked:
+        return [[] for _ in requests]
+    found: dict[str, list[Claim]] = {}
+    async with transaction(engine) as conn:
+        if conn.dialect.name == "postgresql":
+            await conn.exec_driver_sql("SET LOCAL synchronous_commit = off")  # see claim()
+            rows = (await conn.execute(_PG_CLAIM_MANY, {
+                "orgs": [r.org_code for r in asked],
+                "cur_weeks": [r.after[0] for r in asked],
+                "cur_ids": [r.after[1] for r in asked], "ns": [r.limit for r in asked],
+                "wk": week, "now": now, "until": now + lease, "worker": worker})).all()
+            by_org: dict[str, list[Any]] = defaultdict(list)
+            for row in rows:
+                by_org[str(row.org_code).strip()].append(row)
+            dead = {r.id: [str(x) for x in r.dead_items] for r in rows if r.dead_items}
+            for r in asked:
+                found[r.org_code] = _claims_of(by_org.get(r.org_code, ()), r.org_code, dead)
+        else:
+            for r in asked:
+                got = await _sqlite_claim(conn, {
+                    "org": r.org_code, "wk": week, "cur_week": r.after[0],
+                    "cur_id": r.after[1], "now": now, "n": r.limit, "worker": worker,
+                    "until": now + lease}, week)
+                found[r.org_code] = _claims_of(
+                    got, r.org_code, await _dead_items(conn, [x.id for x in got]))
+    return [found.get(r.org_code, []) for r in requests]
 
 
 async def _sqlite_claim(conn: AsyncConnection, params: dict[str, object],
@@ -258,14 +353,14 @@ async def mark_started(engine: AsyncEngine, ids: Sequence[int], *, worker: str,
 
 
 async def mark_started_many(engine: AsyncEngine, marks: Sequence[tuple[Sequence[int], str]],
-                            *, at: datetime) -> set[int]:
+                            *, at: datetime) -> dict[str, set[int]]:
     """Start marks of many callers (ids, worker) in one transaction, one statement per
-    worker: the ids actually marked (still leased by their worker)."""
+    worker: per worker, the ids actually marked (still leased by it)."""
     by_worker: dict[str, list[int]] = defaultdict(list)
     for ids, worker in marks:
         by_worker[worker].extend(ids)
     c = consents.c
-    done: set[int] = set()
+    done: dict[str, set[int]] = defaultdict(set)
     async with transaction(engine) as conn:
         for worker, ids in by_worker.items():
             for i in range(0, len(ids), 5000):
@@ -274,7 +369,7 @@ async def mark_started_many(engine: AsyncEngine, marks: Sequence[tuple[Sequence[
                     .where(c.id.in_(ids[i:i + 5000]), c.lease_owner == worker)
                     .values(started_at=func.coalesce(c.started_at, at))
                     .returning(c.id))
-                done.update(int(x) for x in res.scalars())
+                done[worker].update(int(x) for x in res.scalars())
     return done
 
 
@@ -495,18 +590,22 @@ class SqlWorkStore:
     """The real store (SQLite or PostgreSQL): the functions above over one engine.
 
     Shared by every provider of a run, it cuts statements where they would grow with the
-    number of providers: start marks asked for in the same turn of the event loop (or while
-    the previous one is in flight) are applied together, one statement for all providers,
-    and each caller still returns only once its own claims are marked. On SQLite, whose
+    number of providers: claims, and start marks, asked for in the same turn of the event
+    loop (or while the previous ones are in flight) are made together, one statement for all
+    providers, and each caller still returns only once its own are made. On SQLite, whose
     file has one writer at a time, this process's writes take turns on a lock instead of
     meeting on the file's lock (whose busy handler sleeps up to 100 ms per retry).
     """
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self._serial: asyncio.Lock | None = (
-            asyncio.Lock() if engine.dialect.name == "sqlite" else None)
-        self._marks: list[tuple[Sequence[int], str, datetime, asyncio.Future[set[int]]]] = []
+        sqlite = engine.dialect.name == "sqlite"
+        self._serial: asyncio.Lock | None = asyncio.Lock() if sqlite else None
+        self._claims: list[tuple[ClaimRequest, tuple[str, date, timedelta], datetime,
+                                 asyncio.Future[list[Claim]]]] = []
+        self._claiming: asyncio.Task[None] | None = None
+        self._marks: list[tuple[Sequence[int], str, datetime,
+                                asyncio.Future[dict[str, set[int]]]]] = []
         self._marking: asyncio.Task[None] | None = None
         #: statements-in-transactions issued, by kind (benchmarks read it)
         self.transactions: dict[str, int] = defaultdict(int)
@@ -519,10 +618,47 @@ class SqlWorkStore:
                     lease: timedelta = timedelta(minutes=10)) -> list[Claim]:
         if limit <= 0:
             return []
-        self.transactions["claim"] += 1
-        async with self._turn():
-            return await claim(self.engine, org_code, worker=worker, week=week, now=now,
-                               limit=limit, after=after, lease=lease)
+        """Returns once this claim is made, together with the other providers' claims
+        of this turn (one statement for all of them on PostgreSQL)."""
+        done: asyncio.Future[list[Claim]] = asyncio.get_running_loop().create_future()
+        self._claims.append((ClaimRequest(org_code, limit, after), (worker, week, lease), now,
+                             done))
+        if self._claiming is None:
+            self._claiming = asyncio.create_task(self._claim_all(), name="claims")
+        return await asyncio.shield(done)
+
+    async def _claim_all(self) -> None:
+        try:
+            while self._claims:
+                await asyncio.sleep(0)  # the other providers' claims of this turn join
+                batch, self._claims = self._claims, []
+                # one request per provider and statement; a second one waits for the next
+                groups: dict[tuple[str, date, timedelta], dict[str, Any]] = defaultdict(dict)
+                for item in batch:
+                    org = item[0].org_code
+                    if org in groups[item[1]]:
+                        self._claims.append(item)
+                    else:
+                        groups[item[1]][org] = item
+                for (worker, week, lease), items in groups.items():
+                    todo = list(items.values())
+                    self.transactions["claim"] += 1
+                    try:
+                        async with self._turn():
+                            got = await claim_many(
+                                self.engine, [req for req, *_ in todo], worker=worker,
+                                week=week, now=min(now for _, _, now, _ in todo),
+                                lease=lease)
+                    except Exception as exc:
+                        for *_, fut in todo:
+                            if not fut.done():
+                                fut.set_exception(exc)
+                    else:
+                        for (*_, fut), claims in zip(todo, got, strict=True):
+                            if not fut.done():
+                                fut.set_result(claims)
+        finally:
+            self._claiming = None
 
     async def release(self, ids: Sequence[int], *, worker: str) -> int:
         self.transactions["release"] += 1
@@ -538,11 +674,12 @@ class SqlWorkStore:
         """Returns once ``ids`` are marked (with everyone's marks of this turn)."""
         if not ids:
             return 0
-        done: asyncio.Future[set[int]] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[dict[str, set[int]]] = (
+            asyncio.get_running_loop().create_future())
         self._marks.append((list(ids), worker, at, done))
         if self._marking is None:
             self._marking = asyncio.create_task(self._mark_all(), name="start-marks")
-        marked = await asyncio.shield(done)
+        marked = (await asyncio.shield(done)).get(worker, set())
         return sum(1 for i in ids if i in marked)
 
     async def _mark_all(self) -> None:
