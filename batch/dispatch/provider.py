@@ -8,8 +8,10 @@ consumer keeps about the coming second of the queue's head marked started (one s
 per half second or so), and starts only marked claims: after a crash, a claim that may have
 been called is never taken for an uncalled one, and a claim that only sat in the queue is
 plainly due again, not an unknown outcome. The consumer ticks on absolute deadlines, so a late
-tick never shifts the ones after it; lateness is measured per tick. A slow refresh never
-delays a tick: each runs in its own task.
+tick never shifts the ones after it; lateness is measured per tick. A slice with nothing to
+start is not ticked (a slow provider wakes only for its starts), and each provider's ticks
+sit at their own offset into the first half of the slice (so hundreds of providers do not
+all wake at once). A slow refresh never delays a tick: each runs in its own task.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -119,6 +122,9 @@ class ProviderDispatcher:
         self._rate = 0.0  # refreshes per second in the current minute, for the producer
         self._claiming = True
         self._nudge = asyncio.Event()  # wakes the producer when the rate changes
+        # Each provider's slices start at its own offset into the first half of the slice,
+        # so hundreds of providers in one process do not all wake at the same instant.
+        self._phase = zlib.crc32(org_code.encode()) % 1000 / 1000 * SLICE_SECONDS / 2
         writer.watch(org_code, self._held.discard)
 
     # -- quota bookkeeping -------------------------------------------------------------
@@ -258,7 +264,9 @@ class ProviderDispatcher:
             owed = 0
             started = 0
             for k, cnt in enumerate(counts):
-                deadline = t0 + (k0 + k) * SLICE_SECONDS
+                if not cnt and not owed:
+                    continue  # nothing to start in this slice: no wake-up at all
+                deadline = t0 + self._phase + (k0 + k) * SLICE_SECONDS
                 await self._clock.sleep_until(deadline)
                 self.stats.tick(self._clock.monotonic() - deadline)
                 if stop.is_set():

@@ -5,7 +5,8 @@ calls/s offered over the one-minute plan, ``PROFILE_TOP`` entries shown). The si
 in its own process (latency 0, one item per consent), exactly as in
 ``test_dispatch_throughput.py``; the client, the chain, the claims and the writes run here,
 under the profiler. Prints the top entries by own time and by cumulative time, and saves the
-raw profile to ``PROFILE_OUT`` (default: a temporary directory, printed) (``python -m pstats`` or snakeviz to browse).
+raw profile to ``PROFILE_OUT`` (default: a temporary directory; the path is printed;
+browse it with ``python -m pstats``).
 """
 
 from __future__ import annotations

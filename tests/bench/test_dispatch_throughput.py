@@ -458,7 +458,8 @@ def test_dispatch_throughput_lateness_and_plan_error(
           f"refreshes/provider in one minute ({OVERLOAD:g}x the better of (a2), (a3)); "
           "goal >= 0.8x (a3):")
     print(f"    {'backend':<11}{'calls':>9}{'seconds':>9}{'calls/s':>10}{'vs (a)':>9}"
-          f"{'vs (a2)':>9}{'vs (a3)':>9}{'done':>9}{'deferred':>9}{'late p50':>10}{'p99 ms':>8}{'missed':>8}")
+          f"{'vs (a2)':>9}{'vs (a3)':>9}"
+          f"{'done':>9}{'deferred':>9}{'late p50':>10}{'p99 ms':>8}{'missed':>8}")
     for backend, fig in sat.items():
         t = fig.summary["totals"]
         print(f"    {backend:<11}{fig.calls:>9,}{fig.seconds:>9.1f}"
