@@ -42,6 +42,9 @@ log = logging.getLogger("mydata.dispatch")
 #: how far ahead of the starts the queue's head is kept marked started
 MARK_AHEAD_SECONDS = 1.0
 
+#: the longest a consumer sleeps without looking at the stop event
+STOP_CHECK_SECONDS = 1.0
+
 #: refresh(claim, not_after): not_after is the monotonic time no call may start after
 RefreshFn = Callable[[work.Claim, float | None], Awaitable[RefreshResult]]
 
@@ -267,6 +270,12 @@ class ProviderDispatcher:
                 if not cnt and not owed:
                     continue  # nothing to start in this slice: no wake-up at all
                 deadline = t0 + self._phase + (k0 + k) * SLICE_SECONDS
+                while (deadline - self._clock.monotonic() > STOP_CHECK_SECONDS
+                       and not stop.is_set()):
+                    # a long gap (a slow provider): still see a stop within a second
+                    await self._clock.sleep(STOP_CHECK_SECONDS)
+                if stop.is_set():
+                    break
                 await self._clock.sleep_until(deadline)
                 self.stats.tick(self._clock.monotonic() - deadline)
                 if stop.is_set():
