@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench profile clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ test: lint
 
 bench: install
 	$(BIN)/python -m pytest -q -s tests/bench
+
+# Where the CPU goes on a saturated full-path run (cProfile; PROFILE_BACKEND=sqlite|postgresql)
+profile: install
+	PROFILE_BACKEND=$${PROFILE_BACKEND:-sqlite} $(BIN)/python -m tests.bench.profile_dispatch
 
 clean:
 	rm -rf $(VENV) mydata.db demo-out .pytest_cache .mypy_cache .ruff_cache

@@ -20,6 +20,8 @@ every token it hands out, with the :class:`~batch.crypto.TokenCipher` it is buil
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -131,7 +133,9 @@ _PG_CLAIM = text(
     FROM picked
     WHERE c.id = picked.id
     RETURNING c.id, c.user_id, c.due_week, c.attempts, c.unknown_attempts, picked.stale,
-              c.access_token, c.refresh_token, c.pending_items
+              c.access_token, c.refresh_token, c.pending_items,
+              (SELECT array_agg(d.item_id) FROM dead_assets AS d
+               WHERE d.consent_id = c.id) AS dead_items
     """
 ).bindparams(*_PICK_PARAMS, bindparam("until", type_=UTCDateTime),
              bindparam("worker", type_=String))
@@ -166,11 +170,19 @@ async def claim(
             # the consent is merely unleased again (and a repeat call meets the provider's
             # 42901), so the claim need not wait for the WAL flush. Outcomes, which are not
             # soft, keep synchronous commits.
+            # The dead items ride along in the same statement (one round trip).
             await conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
             rows: Sequence[Any] = (await conn.execute(_PG_CLAIM, params)).all()
+            dead = {r.id: [str(x) for x in r.dead_items] for r in rows if r.dead_items}
         else:
             rows = await _sqlite_claim(conn, params, week)
-        dead = await _dead_items(conn, [r.id for r in rows])
+            dead = await _dead_items(conn, [r.id for r in rows])
+    return _claims_of(rows, org_code, dead)
+
+
+def _claims_of(rows: Iterable[Any], org_code: str,
+               dead: dict[int, list[str]]) -> list[Claim]:
+    """Claims from the claim statement's rows (the token columns are read here only)."""
     claims = [
         Claim(id=r.id, org_code=org_code, user_id=r.user_id, due_week=_as_date(r.due_week),
               attempts=r.attempts, unknown_attempts=r.unknown_attempts, stale=bool(r.stale),
@@ -181,6 +193,95 @@ async def claim(
     ]
     claims.sort(key=lambda c: c.cursor)
     return claims
+
+
+#: One claim statement for many providers (PostgreSQL): per request (org, cursor, limit),
+#: the same keyset scan as ``_PG_CLAIM`` through a LATERAL join, locked and leased together.
+_PG_CLAIM_MANY = text(
+    """
+    WITH req AS (
+        SELECT * FROM unnest(CAST(:orgs AS char(10)[]), CAST(:cur_weeks AS date[]),
+                             CAST(:cur_ids AS bigint[]), CAST(:ns AS integer[]))
+            AS r(org, cur_week, cur_id, n)
+    ), picked AS (
+        SELECT p.id, p.stale FROM req CROSS JOIN LATERAL (
+            SELECT id, (lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale
+            FROM consents
+            WHERE org_code = req.org AND status = 'active' AND due_week <= :wk
+              AND (due_week, id) > (req.cur_week, req.cur_id)
+              AND not_before <= :now
+              AND (lease_until IS NULL OR lease_until < :now)
+            ORDER BY due_week, id
+            LIMIT req.n
+            FOR UPDATE SKIP LOCKED
+        ) AS p
+    )
+    UPDATE consents AS c
+    SET lease_owner = :worker, lease_until = :until, started_at = NULL, counters_week = :wk,
+        attempts = CASE WHEN c.counters_week = :wk THEN c.attempts ELSE 0 END,
+        unknown_attempts = CASE WHEN c.counters_week = :wk THEN c.unknown_attempts ELSE 0 END
+            + CASE WHEN picked.stale THEN 1 ELSE 0 END,
+        pending_items = CASE WHEN c.counters_week = :wk THEN c.pending_items END
+    FROM picked
+    WHERE c.id = picked.id
+    RETURNING c.id, c.org_code, c.user_id, c.due_week, c.attempts, c.unknown_attempts,
+              picked.stale, c.access_token, c.refresh_token, c.pending_items,
+              (SELECT array_agg(d.item_id) FROM dead_assets AS d
+               WHERE d.consent_id = c.id) AS dead_items
+    """
+).bindparams(bindparam("wk", type_=Date), bindparam("now", type_=UTCDateTime),
+             bindparam("until", type_=UTCDateTime), bindparam("worker", type_=String))
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One provider's claim, to be made together with others (:func:`claim_many`)."""
+
+    org_code: str
+    limit: int
+    after: Cursor = START
+
+
+async def claim_many(
+    engine: AsyncEngine,
+    requests: Sequence[ClaimRequest],
+    *,
+    worker: str,
+    week: date,
+    now: datetime,
+    lease: timedelta = timedelta(minutes=10),
+) -> list[list[Claim]]:
+    """:func:`claim` for several providers (one request each) in one transaction, on
+    PostgreSQL in one statement; the claims of each request, in keyset order."""
+    if len({r.org_code for r in requests}) != len(requests):
+        raise ValueError("one request per provider")
+    asked = [r for r in requests if r.limit > 0]
+    if not asked:
+        return [[] for _ in requests]
+    found: dict[str, list[Claim]] = {}
+    async with transaction(engine) as conn:
+        if conn.dialect.name == "postgresql":
+            await conn.exec_driver_sql("SET LOCAL synchronous_commit = off")  # see claim()
+            rows = (await conn.execute(_PG_CLAIM_MANY, {
+                "orgs": [r.org_code for r in asked],
+                "cur_weeks": [r.after[0] for r in asked],
+                "cur_ids": [r.after[1] for r in asked], "ns": [r.limit for r in asked],
+                "wk": week, "now": now, "until": now + lease, "worker": worker})).all()
+            by_org: dict[str, list[Any]] = defaultdict(list)
+            for row in rows:
+                by_org[str(row.org_code).strip()].append(row)
+            dead = {r.id: [str(x) for x in r.dead_items] for r in rows if r.dead_items}
+            for r in asked:
+                found[r.org_code] = _claims_of(by_org.get(r.org_code, ()), r.org_code, dead)
+        else:
+            for r in asked:
+                got = await _sqlite_claim(conn, {
+                    "org": r.org_code, "wk": week, "cur_week": r.after[0],
+                    "cur_id": r.after[1], "now": now, "n": r.limit, "worker": worker,
+                    "until": now + lease}, week)
+                found[r.org_code] = _claims_of(
+                    got, r.org_code, await _dead_items(conn, [x.id for x in got]))
+    return [found.get(r.org_code, []) for r in requests]
 
 
 async def _sqlite_claim(conn: AsyncConnection, params: dict[str, object],
@@ -254,6 +355,27 @@ async def mark_started(engine: AsyncEngine, ids: Sequence[int], *, worker: str,
     Marked a little early (the coming second's claims at once), never late."""
     return await _each_chunk(engine, ids, worker,
                              {"started_at": func.coalesce(consents.c.started_at, at)})
+
+
+async def mark_started_many(engine: AsyncEngine, marks: Sequence[tuple[Sequence[int], str]],
+                            *, at: datetime) -> dict[str, set[int]]:
+    """Start marks of many callers (ids, worker) in one transaction, one statement per
+    worker: per worker, the ids actually marked (still leased by it)."""
+    by_worker: dict[str, list[int]] = defaultdict(list)
+    for ids, worker in marks:
+        by_worker[worker].extend(ids)
+    c = consents.c
+    done: dict[str, set[int]] = defaultdict(set)
+    async with transaction(engine) as conn:
+        for worker, ids in by_worker.items():
+            for i in range(0, len(ids), 5000):
+                res = await conn.execute(
+                    update(consents)
+                    .where(c.id.in_(ids[i:i + 5000]), c.lease_owner == worker)
+                    .values(started_at=func.coalesce(c.started_at, at))
+                    .returning(c.id))
+                done[worker].update(int(x) for x in res.scalars())
+    return done
 
 
 async def _each_chunk(engine: AsyncEngine, ids: Sequence[int], worker: str,
@@ -471,36 +593,137 @@ class WorkStore(Protocol):
 
 class SqlWorkStore:
     """The real store (SQLite or PostgreSQL): the functions above over one engine, tokens
-    sealed with ``cipher`` on the way in and opened on the way out."""
+    sealed with ``cipher`` on the way in and opened on the way out.
+
+    Shared by every provider of a run, it cuts statements where they would grow with the
+    number of providers: claims, and start marks, asked for in the same turn of the event
+    loop (or while the previous ones are in flight) are made together, one statement for all
+    providers, and each caller still returns only once its own are made. On SQLite, whose
+    file has one writer at a time, this process's writes take turns on a lock instead of
+    meeting on the file's lock (whose busy handler sleeps up to 100 ms per retry).
+    """
 
     def __init__(self, engine: AsyncEngine, cipher: TokenCipher) -> None:
         self.engine = engine
         self.cipher = cipher
+        sqlite = engine.dialect.name == "sqlite"
+        self._serial: asyncio.Lock | None = asyncio.Lock() if sqlite else None
+        self._claims: list[tuple[ClaimRequest, tuple[str, date, timedelta], datetime,
+                                 asyncio.Future[list[Claim]]]] = []
+        self._claiming: asyncio.Task[None] | None = None
+        self._marks: list[tuple[Sequence[int], str, datetime,
+                                asyncio.Future[dict[str, set[int]]]]] = []
+        self._marking: asyncio.Task[None] | None = None
+        #: statements-in-transactions issued, by kind (benchmarks read it)
+        self.transactions: dict[str, int] = defaultdict(int)
+
+    def _turn(self) -> contextlib.AbstractAsyncContextManager[object]:
+        return self._serial if self._serial is not None else contextlib.nullcontext()
 
     async def claim(self, org_code: str, *, worker: str, week: date, now: datetime,
                     limit: int, after: Cursor = START,
                     lease: timedelta = timedelta(minutes=10)) -> list[Claim]:
-        got = await claim(self.engine, org_code, worker=worker, week=week, now=now,
-                          limit=limit, after=after, lease=lease)
-        return [self._opened(c) for c in got]
+        """Returns once this claim is made, together with the other providers' claims
+        of this turn (one statement for all of them on PostgreSQL); tokens opened."""
+        if limit <= 0:
+            return []
+        done: asyncio.Future[list[Claim]] = asyncio.get_running_loop().create_future()
+        self._claims.append((ClaimRequest(org_code, limit, after), (worker, week, lease), now,
+                             done))
+        if self._claiming is None:
+            self._claiming = asyncio.create_task(self._claim_all(), name="claims")
+        return [self._opened(c) for c in await asyncio.shield(done)]
+
+    async def _claim_all(self) -> None:
+        try:
+            while self._claims:
+                await asyncio.sleep(0)  # the other providers' claims of this turn join
+                batch, self._claims = self._claims, []
+                # one request per provider and statement; a second one waits for the next
+                groups: dict[tuple[str, date, timedelta], dict[str, Any]] = defaultdict(dict)
+                for item in batch:
+                    org = item[0].org_code
+                    if org in groups[item[1]]:
+                        self._claims.append(item)
+                    else:
+                        groups[item[1]][org] = item
+                for (worker, week, lease), items in groups.items():
+                    todo = list(items.values())
+                    self.transactions["claim"] += 1
+                    try:
+                        async with self._turn():
+                            got = await claim_many(
+                                self.engine, [req for req, *_ in todo], worker=worker,
+                                week=week, now=min(now for _, _, now, _ in todo),
+                                lease=lease)
+                    except Exception as exc:
+                        for *_, fut in todo:
+                            if not fut.done():
+                                fut.set_exception(exc)
+                    else:
+                        for (*_, fut), claims in zip(todo, got, strict=True):
+                            if not fut.done():
+                                fut.set_result(claims)
+        finally:
+            self._claiming = None
 
     async def release(self, ids: Sequence[int], *, worker: str) -> int:
-        return await release(self.engine, ids, worker=worker)
+        self.transactions["release"] += 1
+        async with self._turn():
+            return await release(self.engine, ids, worker=worker)
 
     async def extend(self, ids: Sequence[int], *, worker: str, until: datetime) -> int:
-        return await extend(self.engine, ids, worker=worker, until=until)
+        self.transactions["extend"] += 1
+        async with self._turn():
+            return await extend(self.engine, ids, worker=worker, until=until)
 
     async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime) -> int:
-        return await mark_started(self.engine, ids, worker=worker, at=at)
+        """Returns once ``ids`` are marked (with everyone's marks of this turn)."""
+        if not ids:
+            return 0
+        done: asyncio.Future[dict[str, set[int]]] = (
+            asyncio.get_running_loop().create_future())
+        self._marks.append((list(ids), worker, at, done))
+        if self._marking is None:
+            self._marking = asyncio.create_task(self._mark_all(), name="start-marks")
+        marked = (await asyncio.shield(done)).get(worker, set())
+        return sum(1 for i in ids if i in marked)
+
+    async def _mark_all(self) -> None:
+        try:
+            while self._marks:
+                await asyncio.sleep(0)  # the other providers' marks of this turn join
+                batch, self._marks = self._marks, []
+                self.transactions["mark"] += 1
+                try:
+                    async with self._turn():
+                        # the earliest time asked: a mark may be early, never late
+                        marked = await mark_started_many(
+                            self.engine, [(ids, w) for ids, w, _, _ in batch],
+                            at=min(at for _, _, at, _ in batch))
+                except Exception as exc:
+                    for *_, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                else:
+                    for *_, fut in batch:
+                        if not fut.done():
+                            fut.set_result(marked)
+        finally:
+            self._marking = None
 
     async def apply(self, changes: Sequence[Change], *, run_id: str, worker: str,
                     day: date) -> None:
         sealed = [self._sealed(ch) if isinstance(ch, TokenRefreshed) else ch
                   for ch in changes]
-        await apply(self.engine, sealed, run_id=run_id, worker=worker, day=day)
+        self.transactions["apply"] += 1
+        async with self._turn():
+            await apply(self.engine, sealed, run_id=run_id, worker=worker, day=day)
 
     async def save_token(self, t: TokenRefreshed) -> None:
-        await save_token(self.engine, self._sealed(t))
+        self.transactions["save_token"] += 1
+        async with self._turn():
+            await save_token(self.engine, self._sealed(t))
 
     def _opened(self, c: Claim) -> Claim:
         return replace(c, access_token=self.cipher.decrypt(c.access_token),

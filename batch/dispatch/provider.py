@@ -2,13 +2,16 @@
 starting each 100 ms slice's refreshes as detached tasks, at the planned rate.
 
 The producer fetches just ahead of the consumer (a couple of seconds of work, never a whole
-minute) into a queue kept at that size. Ahead of the starts, in the background, the
+minute) into a queue kept at that size, and only while a minute with work is on (an idle
+provider costs no query). Ahead of the starts, in the background, the
 consumer keeps about the coming second of the queue's head marked started (one statement
 per half second or so), and starts only marked claims: after a crash, a claim that may have
 been called is never taken for an uncalled one, and a claim that only sat in the queue is
 plainly due again, not an unknown outcome. The consumer ticks on absolute deadlines, so a late
-tick never shifts the ones after it; lateness is measured per tick. A slow refresh never
-delays a tick: each runs in its own task.
+tick never shifts the ones after it; lateness is measured per tick. A slice with nothing to
+start is not ticked (a slow provider wakes only for its starts), and each provider's ticks
+sit at their own offset into the first half of the slice (so hundreds of providers do not
+all wake at once). A slow refresh never delays a tick: each runs in its own task.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +43,9 @@ log = logging.getLogger("mydata.dispatch")
 #: how far ahead of the starts the queue's head is kept marked started
 MARK_AHEAD_SECONDS = 1.0
 
+#: the longest a consumer sleeps without looking at the stop event
+STOP_CHECK_SECONDS = 1.0
+
 #: refresh(claim, not_after): not_after is the monotonic time no call may start after
 RefreshFn = Callable[[work.Claim, float | None], Awaitable[RefreshResult]]
 
@@ -61,6 +68,8 @@ class DispatchSettings:
     lookahead_seconds: float = 2.0
     claim_interval: float = 1.0
     max_claim: int = 5000
+    #: the fewest claims fetched at once (fewer queries for slow providers)
+    min_claim: int = 10
     idle_recheck: float = 5.0
     #: no refresh starts in a window's last seconds, so its calls end inside the window
     finish_margin: float = 10.0
@@ -70,6 +79,8 @@ class DispatchSettings:
             raise ValueError("worker_id must not be empty")
         if self.lease <= timedelta(seconds=1):
             raise ValueError("lease must be longer than a second")
+        if self.min_claim < 1 or self.max_claim < self.min_claim:
+            raise ValueError("need 1 <= min_claim <= max_claim")
         if self.lookahead_seconds <= 0 or self.claim_interval <= 0:
             raise ValueError("lookahead_seconds and claim_interval must be positive")
         if not 0 <= self.finish_margin <= 30:
@@ -126,6 +137,9 @@ class ProviderDispatcher:
         self._rate = 0.0  # refreshes per second in the current minute, for the producer
         self._claiming = True
         self._nudge = asyncio.Event()  # wakes the producer when the rate changes
+        # Each provider's slices start at its own offset into the first half of the slice,
+        # so hundreds of providers in one process do not all wake at the same instant.
+        self._phase = zlib.crc32(org_code.encode()) % 1000 / 1000 * SLICE_SECONDS / 2
         writer.watch(org_code, self._held.discard)
 
     # -- quota bookkeeping -------------------------------------------------------------
@@ -152,8 +166,7 @@ class ProviderDispatcher:
         renew_at = nxt + self._settings.lease.total_seconds() / 3
         while not stop.is_set() and self._claiming:
             now_m = self._clock.monotonic()
-            buffer = math.ceil(self._rate * self._settings.lookahead_seconds) + 1
-            want = min(buffer - len(self._queue), self._to_claim(), self._settings.max_claim)
+            want = self._want()
             if want > 0 and now_m >= idle_until and self._writer.healthy:
                 try:
                     got = await self._claim(cursor, want)
@@ -191,6 +204,19 @@ class ProviderDispatcher:
             except TimeoutError:
                 pass
             self._nudge.clear()
+
+    def _want(self) -> int:
+        """How many to claim now: nothing outside a minute with work (an idle provider
+        costs no query); else, once the queue holds less than ``lookahead_seconds`` of
+        work, refill it to that but at least ``min_claim``, so a slow provider claims
+        every few seconds, not every second."""
+        if self._rate <= 0:
+            return 0
+        s = self._settings
+        low = math.ceil(self._rate * s.lookahead_seconds) + 1
+        if len(self._queue) >= low:
+            return 0
+        return min(max(low, s.min_claim) - len(self._queue), self._to_claim(), s.max_claim)
 
     async def _renew(self) -> None:
         """Heartbeat: keep the leases of everything we hold, so no one else takes it."""
@@ -258,7 +284,15 @@ class ProviderDispatcher:
             owed = due = 0
             started = 0
             for k, cnt in enumerate(counts):
-                deadline = t0 + (k0 + k) * SLICE_SECONDS
+                if not cnt and not owed:
+                    continue  # nothing to start in this slice: no wake-up at all
+                deadline = t0 + self._phase + (k0 + k) * SLICE_SECONDS
+                while (deadline - self._clock.monotonic() > STOP_CHECK_SECONDS
+                       and not stop.is_set()):
+                    # a long gap (a slow provider): still see a stop within a second
+                    await self._clock.sleep(STOP_CHECK_SECONDS)
+                if stop.is_set():
+                    break
                 await self._clock.sleep_until(deadline)
                 self.stats.tick(self._clock.monotonic() - deadline)
                 if stop.is_set():

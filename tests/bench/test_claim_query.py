@@ -8,7 +8,8 @@ most consents due this week, some done (due next week), some backlog, some waiti
 ANALYZE. ``batch.db.work.claim`` is timed per call while walking the keyset across the
 biggest provider with 1-second chunks of 10..700 rows (goal p99 < 20 ms), and the same walk
 without a keyset cursor (the naive claim that re-scans the rows already leased and relies on
-the lease filter to skip them) is the baseline. EXPLAIN (ANALYZE, BUFFERS) shows the plan
+the lease filter to skip them) is the baseline. The claim reads each claimed consent's dead
+assets in the same statement. EXPLAIN (ANALYZE, BUFFERS) shows the plan
 uses ``consents_due_idx``. The database is dropped at the end.
 """
 
@@ -44,11 +45,13 @@ BIG = "PROV000000"
 # r1 picks the provider: floor(300 * r1^3) puts ~15% on the first, a long tail after.
 # r2 picks the state: 2% dead, 1% revoked, 20% done this week (due next week), 5% backlog
 # (one or two weeks behind), 3% due but not before two hours from now, 2% leased by another
-# worker for ten more minutes, the rest (67%) due this week and free.
+# worker for ten more minutes, 1% left by a crashed worker that had started calling them
+# (lease expired, start mark set: they come back as unknown outcomes), the rest (66%) due
+# this week and free. One consent in 50 has a dead asset (read by every claim).
 _GENERATE = """
 INSERT INTO consents (id, user_id, org_code, access_token, refresh_token, consented_at,
                       last_scheduled_at, status, due_week, not_before, attempts,
-                      lease_owner, lease_until, updated_at)
+                      lease_owner, lease_until, started_at, updated_at)
 SELECT g, 'user' || g,
        'PROV' || lpad(least(299, floor(300 * r1 * r1 * r1))::int::text, 6, '0'),
        md5(g::text) || md5((g + 1)::text), 'r' || md5(g::text),
@@ -62,8 +65,11 @@ SELECT g, 'user' || g,
        CASE WHEN r2 >= 0.28 AND r2 < 0.31 THEN TIMESTAMPTZ :now + interval '2 hours'
             ELSE TIMESTAMPTZ :now - interval '60 days' END,
        CASE WHEN r2 >= 0.23 AND r2 < 0.28 THEN 1 ELSE 0 END,
-       CASE WHEN r2 >= 0.31 AND r2 < 0.33 THEN 'other-worker' END,
-       CASE WHEN r2 >= 0.31 AND r2 < 0.33 THEN TIMESTAMPTZ :now + interval '10 minutes' END,
+       CASE WHEN r2 >= 0.31 AND r2 < 0.33 THEN 'other-worker'
+            WHEN r2 >= 0.33 AND r2 < 0.34 THEN 'crashed-worker' END,
+       CASE WHEN r2 >= 0.31 AND r2 < 0.33 THEN TIMESTAMPTZ :now + interval '10 minutes'
+            WHEN r2 >= 0.33 AND r2 < 0.34 THEN TIMESTAMPTZ :now - interval '1 minute' END,
+       CASE WHEN r2 >= 0.33 AND r2 < 0.34 THEN TIMESTAMPTZ :now - interval '11 minutes' END,
        TIMESTAMPTZ :now - interval '7 days'
 FROM (SELECT g, random() AS r1, random() AS r2 FROM generate_series(1, :rows) AS g) AS s
 """
@@ -101,6 +107,9 @@ async def _generate(engine: AsyncEngine) -> dict[str, float]:
     async with engine.begin() as conn:
         await conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
         await conn.exec_driver_sql(sql)
+        await conn.exec_driver_sql(
+            "INSERT INTO dead_assets (consent_id, item_id, since) SELECT g, 'acct-' || g, "
+            f"TIMESTAMPTZ {lit['now']} FROM generate_series(1, {ROWS}, 50) AS g")
     steps["insert"] = time.perf_counter() - t
     t = time.perf_counter()
     async with engine.begin() as conn:
@@ -120,6 +129,7 @@ async def _generate(engine: AsyncEngine) -> dict[str, float]:
     async with engine.connect() as conn:
         await conn.execution_options(isolation_level="AUTOCOMMIT")
         await conn.exec_driver_sql("VACUUM ANALYZE consents")
+        await conn.exec_driver_sql("VACUUM ANALYZE dead_assets")
     steps["vacuum analyze"] = time.perf_counter() - t
     return steps
 

@@ -291,3 +291,45 @@ async def test_a_token_pair_the_client_could_not_save_is_written_with_the_outcom
     assert [(c.access_token, c.refresh_token) for c in store.consents.values()] == [
         (f"new-{i}", f"rot-{i}") for i in (1, 2, 3)]
     assert len(store.outcomes) == 3  # a token pair is no outcome
+
+
+class CountingStore(MemoryWorkStore):
+    """The memory store, counting claim queries and when they were made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claims_at: list[datetime] = []
+
+    async def claim(self, org_code: str, *, worker: str, week: date, now: datetime,
+                    limit: int, after: tuple[date, int] = (date(1970, 1, 1), 0),
+                    lease: timedelta = timedelta(minutes=10)) -> list[Claim]:
+        self.claims_at.append(now)
+        return await super().claim(org_code, worker=worker, week=week, now=now, limit=limit,
+                                   after=after, lease=lease)
+
+
+async def test_a_provider_with_nothing_this_minute_makes_no_claim_query() -> None:
+    # The only minute is 01:05; the clock starts at 00:59: five idle minutes first.
+    store = CountingStore()
+    clock, _, d, writer, starts = _setup(10, {65: 6}, store=store)
+    await _run(clock, d, writer, 460)
+    assert len(starts) == 6
+    first = min(store.claims_at)
+    assert first >= datetime(2026, 11, 30, 1, 4, 55, tzinfo=KST)  # just ahead of 01:05
+    assert len(store.claims_at) <= 4  # a refill of at least min_claim, not one a second
+
+
+async def test_a_slow_provider_ticks_only_its_starts_and_still_sees_a_stop() -> None:
+    clock, _, d, writer, starts = _setup(10, {60: 6, 61: 6})
+    stop = asyncio.Event()
+    wt = writer.start()
+    task = asyncio.create_task(d.run(stop))
+    await clock.run_for(95)  # 01:00:35: starts at 9.9, 19.9, 29.9 s (one every 10 s)
+    assert d.stats.summary()["slices"] == 3 and len(starts) == 3
+    stop.set()
+    await clock.run_for(1.5)
+    assert task.done()  # seen within a second, not at the next start 4 s away
+    await task
+    assert await writer.close()
+    await wt
+    assert len(starts) == 3

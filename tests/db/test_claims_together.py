@@ -1,0 +1,85 @@
+"""Claims and start marks of many providers made together (``SqlWorkStore``), both backends:
+each provider gets exactly what its own claim would have given it, in keyset order."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, date, datetime, timedelta
+
+import pytest
+from sqlalchemy import insert, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from batch.db import schema, work
+
+NOW = datetime(2026, 11, 30, 1, 0, tzinfo=UTC)
+WEEK = date(2026, 11, 29)
+ORGS = ("BANK000001", "BANK000002", "BANK000003")
+
+
+async def _seed(engine: AsyncEngine, n: int) -> None:
+    async with engine.begin() as conn:
+        for org in ORGS:
+            await conn.execute(insert(schema.institutions).values(
+                org_code=org, industry="bank", base_url="http://127.0.0.1:1",
+                windows='["0000:2400"]', calls_per_second=10, max_concurrency=5,
+                updated_at=NOW))
+        # interleaved ids, so a provider's keyset order is not the table's
+        await conn.execute(insert(schema.consents), [
+            {"user_id": f"u{i}", "org_code": ORGS[i % len(ORGS)], "access_token": f"tok-{i}",
+             "consented_at": NOW - timedelta(days=30), "due_week": WEEK,
+             "not_before": NOW - timedelta(days=30), "updated_at": NOW}
+            for i in range(n)])
+
+
+async def test_claims_of_many_providers_in_one_go_match_their_own_claims(
+    engine: AsyncEngine,
+) -> None:
+    await _seed(engine, 30)
+    async with engine.begin() as conn:
+        await conn.execute(insert(schema.dead_assets).values(
+            consent_id=4, item_id="acct-x", since=NOW))
+    store = work.SqlWorkStore(engine)
+    got = await asyncio.gather(*(
+        store.claim(org, worker="w1", week=WEEK, now=NOW, limit=k + 2)
+        for k, org in enumerate(ORGS)))
+    assert store.transactions["claim"] == 1  # one statement for the three
+    for k, (org, claims) in enumerate(zip(ORGS, got, strict=True)):
+        assert [c.org_code for c in claims] == [org] * (k + 2)
+        assert [c.id for c in claims] == [i + 1 for i in range(30)
+                                          if ORGS[i % 3] == org][:k + 2]
+        assert all(c.access_token == f"tok-{c.id - 1}" for c in claims)
+    assert {c.id: c.dead_items for cs in got for c in cs}[4] == frozenset({"acct-x"})
+    # the next claim of one provider continues after its own cursor
+    (more,) = await asyncio.gather(store.claim(ORGS[0], worker="w1", week=WEEK, now=NOW,
+                                               limit=1, after=got[0][-1].cursor))
+    assert [c.id for c in more] == [7]
+    async with engine.connect() as conn:
+        leased = (await conn.execute(select(schema.consents.c.id).where(
+            schema.consents.c.lease_owner == "w1").order_by(schema.consents.c.id))).scalars()
+        assert list(leased) == sorted([c.id for cs in got for c in cs] + [7])
+
+
+async def test_start_marks_of_many_providers_in_one_statement(engine: AsyncEngine) -> None:
+    await _seed(engine, 6)
+    store = work.SqlWorkStore(engine)
+    claims = await work.claim(engine, ORGS[0], worker="w1", week=WEEK, now=NOW, limit=2)
+    others = await work.claim(engine, ORGS[1], worker="w2", week=WEEK, now=NOW, limit=2)
+    counts = await asyncio.gather(
+        store.mark_started([c.id for c in claims], worker="w1", at=NOW),
+        store.mark_started([c.id for c in others], worker="w2", at=NOW),
+        store.mark_started([c.id for c in others], worker="w1", at=NOW))  # not w1's
+    assert counts == [2, 2, 0]
+    assert store.transactions["mark"] == 1
+    async with engine.connect() as conn:
+        marked = dict((await conn.execute(select(
+            schema.consents.c.id, schema.consents.c.started_at))).all())
+    assert {i for i, at in marked.items() if at is not None} == {
+        c.id for c in claims + others}
+
+
+async def test_two_requests_for_one_provider_are_refused(engine: AsyncEngine) -> None:
+    with pytest.raises(ValueError, match="one request per provider"):
+        await work.claim_many(engine, [work.ClaimRequest(ORGS[0], 1),
+                                       work.ClaimRequest(ORGS[0], 1)],
+                              worker="w", week=WEEK, now=NOW)
