@@ -36,6 +36,7 @@ from tests.bench.test_dispatch_throughput import (
 )
 from tests.conftest import PG_ADMIN_URL, _admin
 from tests.integration.helpers import free_ports
+from tests.sealing import CIPHER
 
 
 async def _profiled_run(url: str, insts_path: Path, rate: float) -> tuple[pstats.Stats, float,
@@ -48,7 +49,7 @@ async def _profiled_run(url: str, insts_path: Path, rate: float) -> tuple[pstats
     t0 = time.monotonic()
     prof.enable()
     try:
-        res = await run_day(engine, clock=clock, options=RunOptions(
+        res = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(
             progress="none", lease=timedelta(minutes=10)), stream=io.StringIO(),
             install_signals=False)
     finally:

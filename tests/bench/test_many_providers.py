@@ -44,6 +44,7 @@ from tests.bench.test_dispatch_throughput import (
     fresh_db,
 )
 from tests.integration.helpers import free_ports
+from tests.sealing import CIPHER
 
 __all__ = ["fresh_db"]  # the fixture, used below
 
@@ -81,7 +82,7 @@ async def _run(url: str, insts: Institutions, plan: dict[int, int]) -> dict[str,
     try:
         clock = ScaledClock(1.0, start=datetime(2026, 11, 30, 0, 59, 57, tzinfo=KST))
         t0, c0 = time.monotonic(), time.process_time()
-        res = await run_day(engine, clock=clock, options=RunOptions(
+        res = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(
             progress="none", lease=timedelta(minutes=10)), stream=io.StringIO(),
             install_signals=False)
         wall, cpu = time.monotonic() - t0, time.process_time() - c0

@@ -11,6 +11,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.db import schema, work
+from tests.sealing import CIPHER
 
 NOW = datetime(2026, 11, 30, 1, 0, tzinfo=UTC)
 WEEK = date(2026, 11, 29)
@@ -26,7 +27,8 @@ async def _seed(engine: AsyncEngine, n: int) -> None:
                 updated_at=NOW))
         # interleaved ids, so a provider's keyset order is not the table's
         await conn.execute(insert(schema.consents), [
-            {"user_id": f"u{i}", "org_code": ORGS[i % len(ORGS)], "access_token": f"tok-{i}",
+            {"user_id": f"u{i}", "org_code": ORGS[i % len(ORGS)],
+             "access_token": CIPHER.encrypt(f"tok-{i}"),
              "consented_at": NOW - timedelta(days=30), "due_week": WEEK,
              "not_before": NOW - timedelta(days=30), "updated_at": NOW}
             for i in range(n)])
@@ -39,7 +41,7 @@ async def test_claims_of_many_providers_in_one_go_match_their_own_claims(
     async with engine.begin() as conn:
         await conn.execute(insert(schema.dead_assets).values(
             consent_id=4, item_id="acct-x", since=NOW))
-    store = work.SqlWorkStore(engine)
+    store = work.SqlWorkStore(engine, CIPHER)
     got = await asyncio.gather(*(
         store.claim(org, worker="w1", week=WEEK, now=NOW, limit=k + 2)
         for k, org in enumerate(ORGS)))
@@ -62,7 +64,7 @@ async def test_claims_of_many_providers_in_one_go_match_their_own_claims(
 
 async def test_start_marks_of_many_providers_in_one_statement(engine: AsyncEngine) -> None:
     await _seed(engine, 6)
-    store = work.SqlWorkStore(engine)
+    store = work.SqlWorkStore(engine, CIPHER)
     claims = await work.claim(engine, ORGS[0], worker="w1", week=WEEK, now=NOW, limit=2)
     others = await work.claim(engine, ORGS[1], worker="w2", week=WEEK, now=NOW, limit=2)
     counts = await asyncio.gather(
