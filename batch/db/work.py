@@ -116,14 +116,9 @@ _PICK_PARAMS = (
     bindparam("now", type_=UTCDateTime), bindparam("n", type_=Integer),
 )
 
-# A claim starts the consent's week afresh if its counters belong to another week, and
-# counts an unknown outcome only when the previous holder had started calling it.
-_PG_CLAIM = text(
-    f"""
-    WITH picked AS (
-        SELECT id, (lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale {_DUE}
-        FOR UPDATE SKIP LOCKED
-    )
+#: Lease what ``picked`` holds: counters and resume point of another week read as none, an
+#: unknown outcome counted when the previous holder had started calling (both claim forms).
+_LEASE_PICKED = """
     UPDATE consents AS c
     SET lease_owner = :worker, lease_until = :until, started_at = NULL, counters_week = :wk,
         attempts = CASE WHEN c.counters_week = :wk THEN c.attempts ELSE 0 END,
@@ -132,6 +127,17 @@ _PG_CLAIM = text(
         pending_items = CASE WHEN c.counters_week = :wk THEN c.pending_items END
     FROM picked
     WHERE c.id = picked.id
+"""
+
+# A claim starts the consent's week afresh if its counters belong to another week, and
+# counts an unknown outcome only when the previous holder had started calling it.
+_PG_CLAIM = text(
+    f"""
+    WITH picked AS (
+        SELECT id, (lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale {_DUE}
+        FOR UPDATE SKIP LOCKED
+    )
+    {_LEASE_PICKED}
     RETURNING c.id, c.user_id, c.due_week, c.attempts, c.unknown_attempts, picked.stale,
               c.access_token, c.refresh_token, c.pending_items,
               (SELECT array_agg(d.item_id) FROM dead_assets AS d
@@ -198,7 +204,7 @@ def _claims_of(rows: Iterable[Any], org_code: str,
 #: One claim statement for many providers (PostgreSQL): per request (org, cursor, limit),
 #: the same keyset scan as ``_PG_CLAIM`` through a LATERAL join, locked and leased together.
 _PG_CLAIM_MANY = text(
-    """
+    f"""
     WITH req AS (
         SELECT * FROM unnest(CAST(:orgs AS char(10)[]), CAST(:cur_weeks AS date[]),
                              CAST(:cur_ids AS bigint[]), CAST(:ns AS integer[]))
@@ -216,14 +222,7 @@ _PG_CLAIM_MANY = text(
             FOR UPDATE SKIP LOCKED
         ) AS p
     )
-    UPDATE consents AS c
-    SET lease_owner = :worker, lease_until = :until, started_at = NULL, counters_week = :wk,
-        attempts = CASE WHEN c.counters_week = :wk THEN c.attempts ELSE 0 END,
-        unknown_attempts = CASE WHEN c.counters_week = :wk THEN c.unknown_attempts ELSE 0 END
-            + CASE WHEN picked.stale THEN 1 ELSE 0 END,
-        pending_items = CASE WHEN c.counters_week = :wk THEN c.pending_items END
-    FROM picked
-    WHERE c.id = picked.id
+    {_LEASE_PICKED}
     RETURNING c.id, c.org_code, c.user_id, c.due_week, c.attempts, c.unknown_attempts,
               picked.stale, c.access_token, c.refresh_token, c.pending_items,
               (SELECT array_agg(d.item_id) FROM dead_assets AS d
