@@ -23,12 +23,17 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-#: GCRA over a batch: up to n permits whose slots lie within `horizon` seconds of now;
-#: returns {factor, offset_1, ..., offset_k} (seconds from now, as strings)
-PERMITS = """
+#: The server's time (Redis TIME) in the cluster clock's seconds, ARGV[5] its speed: the
+#: first lines of every script that reads the time.
+_SERVER_NOW = """
 local t = redis.call('TIME')
 local speed = tonumber(ARGV[5])
 local now = (tonumber(t[1]) - 1700000000 + tonumber(t[2]) / 1000000) * speed
+"""
+
+#: GCRA over a batch: up to n permits whose slots lie within `horizon` seconds of now;
+#: returns {factor, offset_1, ..., offset_k} (seconds from now, as strings)
+PERMITS = _SERVER_NOW + """
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
@@ -64,10 +69,7 @@ return out
 """
 
 #: a 42902 somewhere in the cluster: lower the shared rate (not twice within `gap`)
-THROTTLE = """
-local t = redis.call('TIME')
-local speed = tonumber(ARGV[5])
-local now = (tonumber(t[1]) - 1700000000 + tonumber(t[2]) / 1000000) * speed
+THROTTLE = _SERVER_NOW + """
 local mult = tonumber(ARGV[1])
 local floor = tonumber(ARGV[2])
 local holdfor = tonumber(ARGV[3])
