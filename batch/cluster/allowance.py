@@ -37,14 +37,18 @@ class SharedAllowance:
     """The dispatcher's StartAllowance in cluster mode, for one provider's day."""
 
     def __init__(self, org_code: str, *, scripts: Scripts, link: Link, day: str, quota: int,
-                 seed: int, timeout: Callable[[], float] | None = None) -> None:
+                 seed: int, member: str = "",
+                 timeout: Callable[[], float] | None = None) -> None:
         self.org_code = org_code
         self._scripts = scripts
         self._link = link
         self._day = day
+        self.day = day
         self._quota = quota
         self._seed = seed
+        self._member = member  # this run, on the day's ledger of grants (a death gives back)
         self._pending = 0
+        self._minute: int | None = None  # the minute of the last grant asked for
         self._local: dict[int, int] = {}  # minute -> granted locally (without Redis)
         self._refunds: set[asyncio.Task[None]] = set()
         self.granted = 0
@@ -54,6 +58,7 @@ class SharedAllowance:
         """``due``: the minute's cumulative target up to this slice; ``fresh``: this slice's
         count; ``queued``: claims ready to start. Returns starts granted now."""
         live = max(1, self._link.live())
+        self._minute = minute
         self._pending = min(self._pending + math.ceil(fresh / live), max(10 * fresh, 1))
         want = min(self._pending, queued)
         if want <= 0:
@@ -63,7 +68,7 @@ class SharedAllowance:
             try:
                 g = await self._scripts.grant(self.org_code, day=self._day, minute=minute,
                                               want=want, due=due, quota=self._quota,
-                                              seed=self._seed)
+                                              seed=self._seed, member=self._member)
             except Exception as exc:
                 self._link.lost(exc)
         if g < 0:  # no Redis: our share of the minute's target
@@ -85,6 +90,20 @@ class SharedAllowance:
 
     async def _refund(self, n: int) -> None:
         try:
-            await self._scripts.refund(self.org_code, day=self._day, n=n)
+            await self._scripts.refund(self.org_code, day=self._day, n=n, member=self._member,
+                                       minute=self._minute)
         except Exception as exc:
             self._link.lost(exc)
+
+    async def left(self) -> int | None:
+        """The day's starts still to grant, cluster-wide (None without Redis): each worker
+        paces its minutes on this, not on its own count, so all of them aim at the same
+        minute targets (the last minute's "all that is left" included)."""
+        if not self._link.shared:
+            return None
+        try:
+            used = await self._scripts.day_used(self.org_code, day=self._day, seed=self._seed)
+        except Exception as exc:
+            self._link.lost(exc)
+            return None
+        return max(0, self._quota - used)

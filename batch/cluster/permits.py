@@ -5,15 +5,19 @@ cost a round trip per call, so each worker reserves a small batch per slice: slo
 the next ``horizon`` seconds, as many as its recent demand needs. Calls take them in order;
 a slot left unused for longer than ``stale_after`` is dropped (the cluster lost that much of
 the provider's rate, never more than it may send). With no permit in stock a call is
-refused by the limiter (nothing reserved, the consent stays due): strict, never borrowed.
+not sent: it waits for the next refill (batch/resilience/chain.py's PERMIT_WAIT) and is
+refused if none comes (nothing reserved, the consent stays due): strict, never borrowed.
 
 Pure and clock-driven: the session's refill loop does the Redis round trip.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections import deque
+
+from batch.clock import Clock
 
 #: seconds between the slices a worker reserves for (the dispatcher's slice)
 SLICE = 0.1
@@ -22,8 +26,9 @@ SLICE = 0.1
 class PermitStock:
     """Shared permits in hand for one provider, and how many to ask for next."""
 
-    __slots__ = ("_demand", "_last_seen", "_misses", "_slots", "_taken", "_throttled",
-                 "burst", "factor", "horizon", "org_code", "rate", "refused", "stale_after")
+    __slots__ = ("_demand", "_last_seen", "_misses", "_refill", "_slots", "_taken",
+                 "_throttled", "burst", "factor", "horizon", "org_code", "rate", "refused",
+                 "stale_after", "waited")
 
     def __init__(self, org_code: str, *, rate: float, burst: int, horizon: float = 0.3,
                  stale_after: float = 0.05) -> None:
@@ -41,6 +46,8 @@ class PermitStock:
         self._last_seen: float | None = None
         self._throttled = False
         self.refused = 0  # calls refused for want of a permit (the summary's count)
+        self.waited = 0  # calls that found the stock empty and waited for a refill
+        self._refill: asyncio.Event | None = None
         self.factor = 1.0  # the cluster-wide back-off last reported by the server
 
     # ------------------------------------------------------------------ the limiter's side
@@ -50,10 +57,24 @@ class PermitStock:
             slots.popleft()
         if not slots:
             self._misses += 1
-            self.refused += 1
             return None
         self._taken += 1
         return slots.popleft()
+
+    async def refilled(self, clock: Clock, seconds: float) -> bool:
+        """Wait up to ``seconds`` for the next :meth:`add`; False (one refusal) if none."""
+        self.waited += 1
+        ev = self._refill
+        if ev is None:
+            ev = self._refill = asyncio.Event()
+        ev.clear()
+        try:
+            async with clock.timeout(seconds):
+                await ev.wait()
+        except TimeoutError:
+            self.refused += 1
+            return False
+        return True
 
     def throttled(self, now: float) -> None:
         self._throttled = True
@@ -81,13 +102,18 @@ class PermitStock:
         count from; ``factor`` the shared back-off in force (1.0: none)."""
         self._slots.extend(at + o for o in offsets)
         self.factor = factor
+        if offsets and self._refill is not None:
+            self._refill.set()
 
     def pop_throttled(self) -> bool:
         t, self._throttled = self._throttled, False
         return t
 
     def clear(self) -> None:
+        """Drop the stock (the shared limit is given up): waiting calls look again."""
         self._slots.clear()
+        if self._refill is not None:
+            self._refill.set()
 
     @property
     def stock(self) -> int:

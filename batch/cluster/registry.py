@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, func, or_, select, text, update
@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from batch.db import schema
 from batch.db.engine import connect, transaction
+from batch.lifecycle import Step
 
 log = logging.getLogger("mydata.cluster")
 
@@ -144,6 +145,7 @@ class Reaped:
     worker_id: str
     claims: int
     started: int
+    run_id: str | None = None
 
 
 async def reap(engine: AsyncEngine, *, now: datetime, me: int) -> list[Reaped]:
@@ -180,9 +182,21 @@ async def reap(engine: AsyncEngine, *, now: datetime, me: int) -> list[Reaped]:
                      or_(c.lease_until.is_(None), c.lease_until > EXPIRED)))
                 .values(lease_until=EXPIRED))
             out.append(Reaped(int(r.node_id), str(r.worker_id), int(counts[0]),
-                              int(counts[1])))
+                              int(counts[1]), r.run_id))
     for d in out:
         log.warning("worker seen dead: its claims are due again", extra={
             "action": "worker_dead", "node_id": d.node_id, "dead_worker": d.worker_id,
             "claims": d.claims, "started": d.started})
     return out
+
+
+async def outcomes_of_run(engine: AsyncEngine, run_id: str, *, day: date) -> dict[str, int]:
+    """Outcome rows a run wrote today per provider, the ones that used a start (not the
+    "not attempted" ones, which were given back when they were written)."""
+    co = schema.call_outcomes.c
+    async with connect(engine) as conn:
+        rows = (await conn.execute(
+            select(co.org_code, func.count()).where(
+                co.run_id == run_id, co.day == day, co.action != Step.NOT_ATTEMPTED.value)
+            .group_by(co.org_code))).all()
+    return {str(o).strip(): int(n) for o, n in rows}

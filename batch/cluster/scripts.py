@@ -116,9 +116,37 @@ if g < 0 then g = 0 end
 if g > 0 then
   redis.call('INCRBY', KEYS[1], g)
   redis.call('INCRBY', KEYS[2], g)
+  redis.call('HINCRBY', KEYS[3], ARGV[5], g)
+  redis.call('EXPIRE', KEYS[3], 172800)
 end
 redis.call('EXPIRE', KEYS[1], 7200)
 return g
+"""
+
+# Starts that never reached the provider: back to the day's quota, off the run's ledger,
+# and back to the minute they were granted in (while it lasts), or a worker whose grants
+# were refused by the rate limiter would use up the minute for the others.
+REFUND = """
+local n = tonumber(ARGV[1])
+redis.call('DECRBY', KEYS[1], n)
+redis.call('HINCRBY', KEYS[2], ARGV[2], -n)
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('DECRBY', KEYS[3], n)
+end
+return n
+"""
+
+# A dead worker's run: what it was granted and did not account for (no outcome written:
+# never started, or lost with the process) goes back to the day's quota, once.
+RECLAIM = """
+local granted = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+redis.call('HDEL', KEYS[2], ARGV[1])
+local back = granted - tonumber(ARGV[2])
+if back <= 0 then return 0 end
+local day = tonumber(redis.call('GET', KEYS[1]) or '0')
+if back > day then back = day end
+redis.call('DECRBY', KEYS[1], back)
+return back
 """
 
 
@@ -140,6 +168,10 @@ class Keys:
 
     def day(self, org: str, day: str) -> str:
         return f"{self.ns}:day:{org}:{day}"
+
+    def ledger(self, org: str, day: str) -> str:
+        """Starts granted per run (a hash): what a dead worker's run did not use comes back."""
+        return f"{self.ns}:ledger:{org}:{day}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +211,8 @@ class Scripts:
         self._permits = redis.register_script(PERMITS)
         self._throttle = redis.register_script(THROTTLE)
         self._grant = redis.register_script(GRANT)
+        self._refund = redis.register_script(REFUND)
+        self._reclaim = redis.register_script(RECLAIM)
 
     async def permits(self, asks: list[RateAsk]) -> list[Granted]:
         """One round trip (a pipeline) for every provider's ask."""
@@ -199,13 +233,31 @@ class Scripts:
         return float(got)
 
     async def grant(self, org: str, *, day: str, minute: int, want: int, due: int,
-                    quota: int, seed: int) -> int:
+                    quota: int, seed: int, member: str = "") -> int:
+        """Up to ``want`` starts of the minute (``member``: the asking run, on the ledger)."""
         got = await self._grant(keys=[self.keys.minute(org, day, minute),
-                                      self.keys.day(org, day)],
-                                args=[want, due, quota, seed])
+                                      self.keys.day(org, day), self.keys.ledger(org, day)],
+                                args=[want, due, quota, seed, member])
         return int(got)
 
-    async def refund(self, org: str, *, day: str, n: int) -> None:
-        """Starts that never reached the provider go back to the day's quota."""
+    async def reclaim(self, org: str, *, day: str, member: str, used: int) -> int:
+        """A dead run's grants beyond the ``used`` it accounted for (its outcome rows) go
+        back to the day's quota; returns how many."""
+        got = await self._reclaim(keys=[self.keys.day(org, day), self.keys.ledger(org, day)],
+                                  args=[member, used])
+        return int(got)
+
+    async def refund(self, org: str, *, day: str, n: int, member: str = "",
+                     minute: int | None = None) -> None:
+        """Starts that never reached the provider go back to the day's quota (and to the
+        ``minute`` they were granted in)."""
         if n > 0:
-            await self.redis.decrby(self.keys.day(org, day), n)
+            await self._refund(keys=[self.keys.day(org, day), self.keys.ledger(org, day),
+                                     self.keys.minute(org, day, -1 if minute is None
+                                                      else minute)],
+                               args=[n, member])
+
+    async def day_used(self, org: str, *, day: str, seed: int) -> int:
+        """Starts granted today, cluster-wide (``seed`` before the first grant)."""
+        got = await self.redis.get(self.keys.day(org, day))
+        return seed if got is None else int(got)

@@ -21,6 +21,7 @@ from typing import Any
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from batch.aio import cancel_and_wait
 from batch.clock import Clock
 from batch.cluster import registry
 from batch.cluster.allowance import SharedAllowance
@@ -111,6 +112,7 @@ class ClusterSession:
         self.fallbacks = 0
         self.fallback_seconds = 0.0
         self.reaped = 0
+        self.taken_back = 0
         self.last_error = ""
 
     # ---------------------------------------------------------------- the Link of allowances
@@ -177,9 +179,9 @@ class ClusterSession:
         return self.speed if engine.dialect.name == "postgresql" else 1.0
 
     def allowance(self, org_code: str, *, day: date, quota: int,
-                  attempted_before: int) -> SharedAllowance:
+                  attempted_before: int, run_id: str = "") -> SharedAllowance:
         a = SharedAllowance(org_code, scripts=self.scripts, link=self, day=day.isoformat(),
-                            quota=quota, seed=attempted_before)
+                            quota=quota, seed=attempted_before, member=run_id)
         self.allowances[org_code] = a
         return a
 
@@ -198,9 +200,7 @@ class ClusterSession:
                        asyncio.create_task(self._refill(), name="cluster-refill")]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         self._tasks = []
         for a in self.allowances.values():
             await asyncio.gather(*a._refunds, return_exceptions=True)
@@ -222,7 +222,9 @@ class ClusterSession:
             "redis_fallbacks": self.fallbacks,
             "redis_fallback_seconds": round(self.fallback_seconds, 1),
             "permit_refusals": sum(s.refused for s in self._stocks.values()),
+            "permit_waits": sum(s.waited for s in self._stocks.values()),
             "dead_workers_reaped": self.reaped,
+            "starts_taken_back": self.taken_back,
             **({"redis_error": self.last_error} if self.fallbacks else {}),
         }
 
@@ -243,11 +245,38 @@ class ClusterSession:
                 await heartbeat(self._engine, self.node_id, now=self._clock.now())
                 got = await registry.reap(self._engine, now=self._clock.now(), me=self.node_id)
                 self.reaped += len(got)
+                for dead in got:
+                    await self._take_back(dead)
                 await self._refresh_live()
             except Exception as exc:
                 log.warning("heartbeat failed", extra={
                     "action": "heartbeat_failed", "error": describe(exc),
                     "dead_after": timeout_s})
+
+    async def _take_back(self, dead: registry.Reaped) -> None:
+        """A dead worker's run was granted starts it never accounted for: those it never
+        made and those lost with it (no outcome row; the consents are due again and need a
+        start of their own). They go back to each provider's day, or the survivors would
+        run out of quota with work left."""
+        if dead.run_id is None or not self.allowances:
+            return
+        day = next(iter(self.allowances.values())).day
+        used = await registry.outcomes_of_run(self._engine, dead.run_id,
+                                              day=date.fromisoformat(day))
+        back: dict[str, int] = {}
+        try:
+            for org in self.allowances:
+                n = await self.scripts.reclaim(org, day=day, member=dead.run_id,
+                                               used=used.get(org, 0))
+                if n:
+                    back[org] = n
+        except Exception as exc:
+            self.lost(exc)
+        if back:
+            self.taken_back += sum(back.values())
+            log.warning("a dead worker's unused starts are back in the day's quota", extra={
+                "action": "starts_taken_back", "dead_worker": dead.worker_id,
+                "dead_run": dead.run_id, "starts": back})
 
     async def _refill(self) -> None:
         while True:

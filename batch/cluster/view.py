@@ -12,25 +12,37 @@ from dataclasses import replace
 from datetime import date
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, literal, select, union_all
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from batch.db import schema, work
+from batch.db import schema
 from batch.db.engine import connect
 from batch.dispatch.summary import ProviderSummary, RunSummary
+from batch.lifecycle import Step
 
 EXIT_OK, EXIT_ATTENTION, EXIT_INTERRUPTED = 0, 1, 3
 
 
-async def others_holding(engine: AsyncEngine, *, me: str) -> dict[str, int]:
-    """Consents leased by workers other than ``me``, per provider."""
+async def tally(engine: AsyncEngine, *, day: date, me: str
+                ) -> tuple[dict[str, int], dict[str, int]]:
+    """Per provider: consents attempted today by anyone, and those leased by workers other
+    than ``me``, read from one snapshot. Read one after the other, another worker's outcome
+    committed in between was counted in neither (still held at the first read, not yet
+    attempted at the second... or the other way round) and showed as deferred."""
     c = schema.consents.c
-    async with connect(engine) as conn:
-        rows = (await conn.execute(
-            select(c.org_code, func.count()).where(c.lease_owner.is_not(None),
-                                                   c.lease_owner != me)
-            .group_by(c.org_code))).all()
-    return {str(o).strip(): int(n) for o, n in rows}
+    co = schema.call_outcomes.c
+    attempted = (select(co.org_code, literal("a").label("what"),
+                        func.count(func.distinct(co.consent_id)).label("n"))
+                 .where(co.day == day, co.action != Step.NOT_ATTEMPTED.value)
+                 .group_by(co.org_code))
+    held = (select(c.org_code, literal("h").label("what"), func.count().label("n"))
+            .where(c.lease_owner.is_not(None), c.lease_owner != me)
+            .group_by(c.org_code))
+    out: dict[str, dict[str, int]] = {"a": {}, "h": {}}
+    async with connect(engine) as conn:  # one statement: one snapshot on every backend
+        for org, what, n in (await conn.execute(union_all(attempted, held))).all():
+            out[str(what)][str(org).strip()] = int(n)
+    return out["a"], out["h"]
 
 
 def cluster_view(summary: RunSummary, *, attempted: dict[str, int], held: dict[str, int],
@@ -54,5 +66,5 @@ def cluster_view(summary: RunSummary, *, attempted: dict[str, int], held: dict[s
 
 async def seen_cluster_wide(engine: AsyncEngine, summary: RunSummary, *, day: date,
                             me: str, report: dict[str, Any]) -> RunSummary:
-    return cluster_view(summary, attempted=await work.attempted_today(engine, day=day),
-                        held=await others_holding(engine, me=me), report=report)
+    attempted, held = await tally(engine, day=day, me=me)
+    return cluster_view(summary, attempted=attempted, held=held, report=report)

@@ -27,6 +27,7 @@ from datetime import date, datetime, time, timedelta
 from itertools import islice
 from typing import Protocol
 
+from batch.aio import cancel_and_wait
 from batch.client import RefreshResult
 from batch.clock import KST, Clock
 from batch.db import work
@@ -57,6 +58,8 @@ class StartAllowance(Protocol):
     async def take(self, minute: int, due: int, fresh: int, queued: int) -> int: ...
 
     def refund(self, n: int) -> None: ...
+
+    async def left(self) -> int | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,7 @@ class ProviderDispatcher:
         self._marking: asyncio.Task[None] | None = None  # the start mark in flight
         self._tasks: set[asyncio.Task[None]] = set()
         self._held: set[int] = set()  # claims queued or in flight: ours, lease renewed
+        self._retaken: set[int] = set()  # claimed again while held: give back once written
         self._rate = 0.0  # refreshes per second in the current minute, for the producer
         self._claiming = True
         self._nudge = asyncio.Event()  # wakes the producer when the rate changes
@@ -180,7 +184,11 @@ class ProviderDispatcher:
                     for c in got:
                         cursor = c.cursor
                         if c.id in self._held:
-                            continue  # still ours (a lease renewal raced the scan)
+                            # Still ours (a lease renewal raced the scan), or our writer
+                            # freed it a moment ago and has not heard back yet: given
+                            # back below once its outcome is known to be written.
+                            self._retaken.add(c.id)
+                            continue
                         given_up = admit(c, week=self._week, now=self._clock.now())
                         if given_up is not None:
                             self._writer.add(given_up)
@@ -193,6 +201,8 @@ class ProviderDispatcher:
                     log.warning("claim failed", extra={
                         "action": "claim_failed", "org_code": self.org_code,
                         "error": describe(exc)})
+            if self._retaken:
+                await self._give_back_retaken()
             if self._clock.monotonic() >= renew_at:
                 renew_at = self._clock.monotonic() + self._settings.lease.total_seconds() / 3
                 await self._renew()
@@ -217,6 +227,21 @@ class ProviderDispatcher:
         if len(self._queue) >= low:
             return 0
         return min(max(low, s.min_claim) - len(self._queue), self._to_claim(), s.max_claim)
+
+    async def _give_back_retaken(self) -> None:
+        """Release what a claim took again while it was still ours, once it is not: its
+        outcome is written (the lease-guarded release does nothing if that outcome already
+        let it go), or it would stay leased to nobody until the lease ran out."""
+        done = sorted(i for i in self._retaken if i not in self._held)
+        if not done:
+            return
+        try:
+            await self._store.release(done, worker=self._settings.worker_id)
+        except Exception as exc:  # its lease runs out instead
+            log.warning("could not give back a claim taken twice", extra={
+                "action": "release_failed", "org_code": self.org_code,
+                "error": describe(exc)})
+        self._retaken.difference_update(done)
 
     async def _renew(self) -> None:
         """Heartbeat: keep the leases of everything we hold, so no one else takes it."""
@@ -261,8 +286,12 @@ class ProviderDispatcher:
             if await self._wait_or_stop(t0 - self._settings.lookahead_seconds, stop):
                 return
             k0 = 0 if offset >= 0 else min(SLICES_PER_MINUTE, math.ceil(-offset / SLICE_SECONDS))
-            n_full = minute_target(minute, self._minutes[i:], self._planned, self.remaining,
-                                   self._cap)
+            left = self.remaining
+            if self._allowance is not None:  # cluster mode: what the cluster has left
+                shared = await self._allowance.left()
+                if shared is not None:
+                    left = min(left, shared)
+            n_full = minute_target(minute, self._minutes[i:], self._planned, left, self._cap)
             n = n_full * (SLICES_PER_MINUTE - k0) // SLICES_PER_MINUTE
             self.stats.minute_planned, self.stats.minute_started = n, 0
             if n == 0:
@@ -309,6 +338,7 @@ class ProviderDispatcher:
                 if self._breaker_open():
                     # Calls would be refused at once: leave them due, re-spread later.
                     self.stats.skipped_breaker_open += owed
+                    self._give_back(owed)
                     owed = 0
                     continue
                 while owed and self._queue:
@@ -319,9 +349,20 @@ class ProviderDispatcher:
                     owed -= 1
                     started += 1
                 self.stats.minute_started = started
+            # Granted and not started (the queue ran dry, a stop): the cluster's day gets
+            # them back, or the workers together would run out of quota with work left.
+            self._give_back(owed)
+            log.debug("minute done", extra={
+                "action": "minute_done", "org_code": self.org_code, "minute": minute,
+                "target": n, "started": started, "given_back": owed,
+                "queued": len(self._queue), "remaining": self.remaining})
             self.stats.minutes.append(MinuteRecord(minute, n, started))
             self._rate = 0.0
         # Let the last starts finish before the day is called done.
+
+    def _give_back(self, n: int) -> None:
+        if n > 0 and self._allowance is not None:
+            self._allowance.refund(n)
 
     async def _wait_or_stop(self, deadline: float, stop: asyncio.Event) -> bool:
         """Sleep until ``deadline`` unless stopped first; True if stopped."""
@@ -425,9 +466,7 @@ class ProviderDispatcher:
             async with self._clock.timeout(grace):
                 await asyncio.gather(*pending, return_exceptions=True)
         except TimeoutError:
-            for t in pending:
-                t.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            await cancel_and_wait(pending)
 
     # -- the day -----------------------------------------------------------------------
 
@@ -446,8 +485,7 @@ class ProviderDispatcher:
                 async with self._clock.timeout(60):
                     await asyncio.shield(producer)
             except (TimeoutError, Exception):
-                producer.cancel()
-                await asyncio.gather(producer, return_exceptions=True)
+                await cancel_and_wait([producer])
             await self._drain(grace if stop.is_set() else None)
             self.stats.breaker_state = self._breaker_state()
             leftovers = [c.id for c in self._queue]

@@ -29,6 +29,7 @@ import httpx
 from sqlalchemy import insert, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from batch.aio import cancel_and_wait
 from batch.client import MydataClient, RefreshResult, make_http_client
 from batch.clock import KST, Clock
 from batch.config import Provider
@@ -284,9 +285,19 @@ def build_pieces(inputs: RunInputs, plans: DayPlans, options: RunOptions, *,
             breaker_open=_open_check(chain), breaker_state=_state_of(chain),
             allowance=None if options.cluster is None else options.cluster.allowance(
                 p.org_code, day=today, quota=quota,
-                attempted_before=attempted_before.get(p.org_code, 0)),
+                attempted_before=attempted_before.get(p.org_code, 0), run_id=options.run_id),
         ))
     return Pieces(store, writer, http, dispatchers, chains, obs, inputs.node_id)
+
+
+def dump_tasks(stream: TextIO) -> None:
+    """``kill -USR1``: every asyncio task and where it waits, to stderr (a stuck run)."""
+    tasks = sorted(asyncio.all_tasks(), key=lambda t: t.get_name())
+    print(f"--- {len(tasks)} tasks ---", file=stream)
+    for t in tasks:
+        print(f"task {t.get_name()}:", file=stream)
+        t.print_stack(limit=12, file=stream)
+    stream.flush()
 
 
 async def execute(pieces: Pieces, options: RunOptions, *, clock: Clock, day: date,
@@ -301,6 +312,9 @@ async def execute(pieces: Pieces, options: RunOptions, *, clock: Clock, day: dat
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
                 signals.append(sig)
+        with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
+            loop.add_signal_handler(signal.SIGUSR1, dump_tasks, sys.stderr)
+            signals.append(signal.SIGUSR1)
     tty = options.progress == "tty" or (options.progress == "auto" and stream.isatty())
     writer = pieces.writer
     writer_task = writer.start()
@@ -318,8 +332,7 @@ async def execute(pieces: Pieces, options: RunOptions, *, clock: Clock, day: dat
                                for d in pieces.dispatchers))
     finally:
         if progress_task is not None:
-            progress_task.cancel()
-            await asyncio.gather(progress_task, return_exceptions=True)
+            await cancel_and_wait([progress_task])
         persisted = await writer.close()
         await asyncio.gather(writer_task, return_exceptions=True)
         await pieces.http.aclose()

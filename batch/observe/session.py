@@ -19,6 +19,7 @@ from pathlib import Path
 from prometheus_client.registry import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from batch.aio import cancel_and_wait
 from batch.clock import KST, Clock
 from batch.errors import describe
 from batch.observe.collector import Dispatcher, RunCollector
@@ -102,8 +103,7 @@ class Observability:
     async def stop(self) -> None:
         """The run's dispatchers are done: the last cut and rows, the port closed."""
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
             self._task = None
         if self._server is not None:
             await self._server.stop()

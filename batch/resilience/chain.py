@@ -25,7 +25,7 @@ from batch.resilience.events import (
     RetryScheduled,
     RetrySkipped,
 )
-from batch.resilience.limiter import RateLimiter
+from batch.resilience.limiter import NO_PERMIT, RateLimiter
 from batch.resilience.outcomes import Kind, Layer, Outcome, rejected, timed_out
 from batch.resilience.retry import Backoff, RetryBudget
 from batch.resilience.settings import ChainSettings
@@ -35,6 +35,10 @@ Attempt = Callable[[float], Awaitable[Outcome]]
 _FAULT = Kind.FAULT
 _THROTTLED = Kind.THROTTLED
 _REJECTED = Kind.REJECTED
+
+#: cluster mode: how long a call waits for the next shared permits when the worker's stock
+#: is empty (a refill runs every slice; a late one must not turn into a refused call)
+PERMIT_WAIT = 1.0
 
 
 class ProviderChain:
@@ -88,6 +92,26 @@ class ProviderChain:
     def budget(self) -> RetryBudget:
         return self._budget
 
+    async def _await_permit(self, now: float, deadline: float) -> float:
+        """Cluster mode, no shared permit in stock: wait for the next refills (strict: a
+        real permit or nothing) up to PERMIT_WAIT; the slot's wait, or -1.0 (refused)."""
+        limiter = self._limiter
+        clock = self._clock
+        until = min(deadline, now + PERMIT_WAIT)
+        while True:
+            shared = limiter.shared
+            left = until - now
+            if shared is None:  # the shared limit was dropped meanwhile: the local one
+                return limiter.reserve(now, limiter.max_wait if limiter.max_wait < left
+                                       else left) if left > 0.0 else -1.0
+            if left <= 0.0 or not await shared.refilled(clock, left):
+                return -1.0
+            now = clock.monotonic()
+            wait = limiter.reserve(now, limiter.max_wait if limiter.max_wait < until - now
+                                   else until - now)
+            if wait != NO_PERMIT:
+                return wait
+
     async def call(self, attempt: Attempt, *, deadline: float | None = None) -> Outcome:
         """Run one logical call; returns its final outcome (``.attempts`` = attempts made).
 
@@ -124,6 +148,9 @@ class ProviderChain:
                     break
                 wait = limiter.reserve(now, limiter.max_wait if limiter.max_wait < left
                                        else left)
+                if wait == NO_PERMIT:
+                    wait = await self._await_permit(now, deadline)
+                    now = clock.monotonic()
                 if wait:
                     if wait < 0.0:
                         refused = self._rej_limiter

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from batch.clock import Clock
 from batch.resilience.events import Emitter, RateAdjusted
 from batch.resilience.outcomes import Kind, Outcome
 from batch.resilience.settings import LimiterSettings
@@ -18,6 +19,8 @@ from batch.resilience.settings import LimiterSettings
 #: after lowering the rate, further 42902s within this many seconds (answers to calls
 #: already in flight) do not lower it again
 DECREASE_GAP = 1.0
+#: ``reserve``: no shared permit in stock (cluster mode); the chain waits for a refill
+NO_PERMIT = -2.0
 _PAUSE_CODES = frozenset({"40301", "40302"})
 
 
@@ -27,7 +30,11 @@ class SharedPermits(Protocol):
 
     def take(self, now: float) -> float | None:
         """The monotonic time of this call's shared slot (<= a fraction of a second away),
-        or None: no permit in stock, the call is refused (nothing reserved locally)."""
+        or None: no permit in stock (nothing reserved locally)."""
+
+    async def refilled(self, clock: Clock, seconds: float) -> bool:
+        """Wait up to ``seconds`` for the next permits to arrive; False if none came (the
+        call is refused)."""
 
     def throttled(self, now: float) -> None:
         """A 42902/429 was seen here: lower the shared rate for the whole cluster."""
@@ -62,7 +69,8 @@ class RateLimiter:
 
     # ------------------------------------------------------------------ per call
     def reserve(self, now: float, max_wait: float) -> float:
-        """Seconds to wait for this call's slot (>= 0), or -1.0: refused, nothing reserved."""
+        """Seconds to wait for this call's slot (>= 0), or -1.0: refused, nothing reserved;
+        NO_PERMIT: refused for want of a shared permit (cluster mode), nothing reserved."""
         if self._factor != 1.0:
             self._recover(now)
         tat = self._tat
@@ -75,7 +83,7 @@ class RateLimiter:
         if shared is not None:  # cluster mode: a shared permit too, at the later slot
             slot = shared.take(now)
             if slot is None:
-                return -1.0
+                return NO_PERMIT
             if slot - now > wait:
                 wait = slot - now
         self._tat = tat + self._interval

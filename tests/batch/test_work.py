@@ -133,3 +133,22 @@ async def test_attempted_today_counts_distinct_consents_like_the_planner(
                                     next_week=WEEK + timedelta(days=7)))
         await work.apply(engine, changes, run_id="r", worker="w1", day=day)
     assert await work.attempted_today(engine, day=day) == {"BANK000001": 2}
+
+
+async def test_the_cluster_tally_reads_attempted_and_held_by_others_together(
+    engine: AsyncEngine,
+) -> None:
+    from batch.cluster.view import tally
+
+    await _seed(engine, 5)
+    day = date(2026, 11, 30)
+    mine = await work.claim(engine, "BANK000001", worker="me", week=WEEK, now=NOW, limit=1)
+    theirs = await work.claim(engine, "BANK000001", worker="w2", week=WEEK, now=NOW, limit=3)
+    done = theirs[0]
+    await work.apply(engine, [Done(_log(done.id, NOW, "success", "00000"),
+                                   next_week=WEEK + timedelta(days=7))],
+                     run_id="r2", worker="w2", day=day)
+    attempted, held = await tally(engine, day=day, me="me")
+    assert attempted == {"BANK000001": 1}
+    assert held == {"BANK000001": 2}  # w2's two still leased; mine is not "another's"
+    assert mine

@@ -3,12 +3,13 @@ local limits (FakeClock), the shared allowance's fall-back, merged summaries."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from batch.clock import FakeClock
+from batch.clock import KST, FakeClock
 from batch.cluster.allowance import SharedAllowance
 from batch.cluster.permits import PermitStock
 from batch.cluster.processes import child_argv, merge_summaries, worst_exit
@@ -17,7 +18,7 @@ from batch.cluster.session import ClusterOptions, ClusterSession
 from batch.cluster.view import cluster_view
 from batch.dispatch.summary import COUNTERS, ProviderSummary, RunSummary
 from batch.resilience.chain import ProviderChain
-from batch.resilience.limiter import RateLimiter
+from batch.resilience.limiter import NO_PERMIT, RateLimiter
 from batch.resilience.outcomes import Kind, Outcome
 from batch.resilience.settings import ChainSettings, LimiterSettings
 
@@ -29,8 +30,50 @@ def test_a_stock_hands_out_its_slots_in_order_and_drops_stale_ones() -> None:
     s.add((0.0, 0.1, 0.2), at=100.0)
     assert s.take(100.0) == 100.0
     assert s.take(100.2) == 100.2  # 100.1 was left unused past stale_after: dropped
-    assert s.take(100.2) is None  # empty: refused, never borrowed
-    assert s.refused == 1
+    assert s.take(100.2) is None  # empty: never borrowed
+    assert s.refused == 0  # not yet: the call waits for the next refill first
+
+
+async def test_a_call_that_finds_the_stock_empty_waits_for_the_refill_not_refused() -> None:
+    clock = FakeClock(datetime(2026, 11, 30, 1, 0, tzinfo=KST))
+    s = PermitStock("BANK000001", rate=10, burst=1, horizon=0.3)
+    waiter = asyncio.create_task(s.refilled(clock, 1.0))
+    await asyncio.sleep(0)
+    await clock.run_for(0.1)
+    s.add((0.0,), at=clock.monotonic())  # the refill loop, a slice later
+    assert await waiter is True
+    # none comes in time: one refusal
+    late = asyncio.create_task(s.refilled(clock, 1.0))
+    await asyncio.sleep(0)
+    await clock.run_for(1.5)
+    assert await late is False
+    assert (s.waited, s.refused) == (2, 1)
+
+
+async def test_a_chain_call_waits_for_a_late_refill_and_goes_out() -> None:
+    clock = FakeClock(datetime(2026, 11, 30, 1, 0, tzinfo=KST))
+    chain = ProviderChain("BANK000001", ChainSettings(), clock=clock)
+    stock = PermitStock("BANK000001", rate=10, burst=1, horizon=0.3)
+    chain.limiter.shared = stock
+    sent: list[float] = []
+
+    async def attempt(timeout: float) -> Outcome:
+        sent.append(clock.monotonic())
+        return Outcome(Kind.SUCCESS, "00000", 200)
+
+    task = asyncio.create_task(chain.call(attempt))
+    await asyncio.sleep(0)
+    await clock.run_for(0.3)  # the refill is three slices late
+    assert not sent
+    stock.add((0.0,), at=clock.monotonic())
+    await clock.run_for(0.01)
+    assert (await task).kind is Kind.SUCCESS
+    assert sent == [pytest.approx(0.3, abs=0.02)]
+    # no refill at all within PERMIT_WAIT: refused, never sent
+    task = asyncio.create_task(chain.call(attempt))
+    await asyncio.sleep(0)
+    await clock.run_for(2.0)
+    assert (await task).kind is Kind.REJECTED and len(sent) == 1
 
 
 def test_a_stock_asks_for_its_share_or_its_demand_never_more_than_the_horizon() -> None:
@@ -65,7 +108,7 @@ def test_the_local_limiter_waits_for_the_later_of_its_slot_and_the_shared_one() 
     lim.shared = _Shared([0.25, 0.0, None])
     assert lim.reserve(0.0, 5.0) == pytest.approx(0.25)  # the shared slot is later
     assert lim.reserve(0.0, 5.0) == pytest.approx(0.1)  # the local one is later
-    assert lim.reserve(0.0, 5.0) == -1.0  # no shared permit: refused
+    assert lim.reserve(0.0, 5.0) == NO_PERMIT  # no shared permit: the chain waits
     # a refusal reserved nothing locally: the next local slot is still .2
     lim.shared = None
     assert lim.reserve(0.0, 5.0) == pytest.approx(0.2)

@@ -89,3 +89,21 @@ async def test_grants_stop_at_the_minutes_target_so_far_and_at_the_days_quota(
                                **{**kw, "minute": 61}) == 0
     await scripts.refund("BANK000001", day="2026-11-30", n=2)
     assert await scripts.grant("BANK000001", want=5, due=100, **{**kw, "minute": 61}) == 2
+
+
+async def test_a_dead_runs_unused_grants_come_back_to_the_day_once(scripts: Scripts) -> None:
+    kw = {"day": "2026-11-30", "quota": 20, "seed": 0}
+    assert await scripts.grant("BANK000001", minute=60, want=8, due=8, member="dead",
+                               **kw) == 8
+    assert await scripts.grant("BANK000001", minute=60, want=12, due=20, member="live",
+                               **kw) == 12
+    await scripts.refund("BANK000001", day="2026-11-30", n=1, member="dead")
+    # the day is used up; the dead run wrote 5 outcomes of its 7 (8 granted, 1 given back)
+    assert await scripts.grant("BANK000001", minute=61, want=5, due=5, member="live",
+                               **kw) == 1
+    assert await scripts.reclaim("BANK000001", day="2026-11-30", member="dead", used=5) == 2
+    assert await scripts.reclaim("BANK000001", day="2026-11-30", member="dead", used=5) == 0
+    assert await scripts.grant("BANK000001", minute=61, want=5, due=5, member="live",
+                               **kw) == 2
+    # a run that accounted for all it was granted gives nothing back
+    assert await scripts.reclaim("BANK000001", day="2026-11-30", member="live", used=15) == 0

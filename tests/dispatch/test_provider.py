@@ -333,3 +333,102 @@ async def test_a_slow_provider_ticks_only_its_starts_and_still_sees_a_stop() -> 
     assert await writer.close()
     await wt
     assert len(starts) == 3
+
+
+class GrantAll:
+    """A cluster allowance that grants what is asked and records what comes back."""
+
+    def __init__(self) -> None:
+        self.granted = 0
+        self.refunded = 0
+
+    async def take(self, minute: int, due: int, fresh: int, queued: int) -> int:
+        g = max(0, min(fresh, queued))
+        self.granted += g
+        return g
+
+    def refund(self, n: int) -> None:
+        self.refunded += n
+
+    async def left(self) -> int | None:
+        return None
+
+
+class FailingMarkStore(MemoryWorkStore):
+    """Start marks fail after the first ``ok`` calls (the database went away)."""
+
+    def __init__(self, ok: int) -> None:
+        super().__init__()
+        self.ok = ok
+
+    async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime) -> int:
+        if self.ok <= 0:
+            raise ConnectionError("database gone")
+        self.ok -= 1
+        return await super().mark_started(ids, worker=worker, at=at)
+
+
+async def test_cluster_starts_granted_and_not_made_go_back_to_the_days_quota() -> None:
+    """A grant the worker could not use (no start mark) is the cluster's, not lost with the
+    minute: without the refund the workers together run out of quota with work left."""
+    store = FailingMarkStore(ok=3)
+    clock, _, d, writer, starts = _setup(200, {60: 120}, store=store)
+    allowance = GrantAll()
+    d._allowance = allowance
+    await _run(clock, d, writer, 150)
+    assert 0 < len(starts) < 120
+    assert allowance.granted > len(starts)
+    assert allowance.refunded == allowance.granted - len(starts)
+
+
+async def test_cluster_starts_granted_while_the_breaker_is_open_go_back() -> None:
+    clock, _, d, writer, starts = _setup(50, {60: 30}, breaker_open=lambda: True)
+    allowance = GrantAll()
+    d._allowance = allowance
+    await _run(clock, d, writer, 150)
+    assert starts == [] and allowance.granted > 0
+    assert allowance.refunded == allowance.granted
+
+
+class SlowReturnStore(MemoryWorkStore):
+    """Outcomes are committed at once, but the writer hears back only ``lag`` seconds
+    later (a loaded machine: the claim's answer is read before the commit's)."""
+
+    def __init__(self, clock: FakeClock, lag: float) -> None:
+        super().__init__()
+        self.clock = clock
+        self.lag = lag
+
+    async def apply(self, changes: Sequence[object], *, run_id: str, worker: str,
+                    day: date) -> None:
+        await super().apply(changes, run_id=run_id, worker=worker, day=day)  # type: ignore[arg-type]
+        await self.clock.sleep(self.lag)
+
+
+async def test_a_consent_our_writer_just_released_and_our_producer_took_again_is_not_lost(
+) -> None:
+    """A refusal of our own (not attempted) frees the consent at once; a claim made before
+    the writer hears its commit finds a consent still "held": it must be given back, not
+    left leased to nobody until its lease runs out (it was, for the rest of the day)."""
+    clock = FakeClock(datetime(2026, 11, 30, 0, 59, 0, tzinfo=KST))
+    store = SlowReturnStore(clock, lag=2.5)
+    store.add(ORG, 1, week=WEEK, not_before=clock.now() - timedelta(days=1))
+    seen: list[float] = []
+
+    async def refused_once(claim: Claim, not_after: float | None) -> RefreshResult:
+        seen.append(clock.monotonic())
+        if len(seen) == 1:
+            return RefreshResult(rejected(Layer.LIMITER), calls=0)
+        return RefreshResult(OK, calls=1)
+
+    writer = OutcomeWriter(store, run_id="r1", worker="w1", day=DAY, clock=clock)
+    d = ProviderDispatcher(
+        ORG, store=store, refresh=refused_once, writer=writer, clock=clock,
+        settings=DispatchSettings(worker_id="w1", idle_recheck=1.0),
+        policy=RetryPolicy(), day=DAY, week=WEEK, quota=1,
+        minutes={60: 1, 61: 1, 62: 1}, per_minute_cap=1000, window_minutes=[60, 61, 62],
+    )
+    await _run(clock, d, writer, 400)
+    assert len(seen) == 2, seen
+    c = store.consents[1]
+    assert c.due_week == WEEK + timedelta(days=7) and c.lease_owner is None

@@ -139,7 +139,7 @@ def test_kill_9_of_one_worker_loses_nothing(
     assert procs[1].returncode == -signal.SIGKILL
     assert 0 < sum(p["transfers"] for p in mid["providers"].values()) < 2 * per_provider
     for i in (0, 2):
-        assert procs[i].returncode == 0, outs[i][1].decode()[-2000:]
+        assert procs[i].returncode == 0, (outs[i][0].decode()[-6000:], outs[i][1].decode()[-3000:])
         s = json.loads(outs[i][0])
         assert s["status"] == "done"
     # a survivor saw the death (its heartbeat stopped) and expired its leases
