@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -53,6 +54,7 @@ from batch.db.schema import (
     dead_assets,
     dead_letters,
 )
+from batch.errors import describe
 from batch.lifecycle import (
     AlreadyTransferred,
     Change,
@@ -67,6 +69,8 @@ from batch.lifecycle import (
     Unknown,
     WeekResult,
 )
+
+log = logging.getLogger("mydata.db")
 
 #: The keyset cursor: the last (due_week, id) handed out.
 Cursor = tuple[date, int]
@@ -610,6 +614,7 @@ class SqlWorkStore:
         self._claims: list[tuple[ClaimRequest, tuple[str, date, timedelta], datetime,
                                  asyncio.Future[list[Claim]]]] = []
         self._claiming: asyncio.Task[None] | None = None
+        self._giving_back: set[asyncio.Task[None]] = set()
         self._marks: list[tuple[Sequence[int], str, datetime,
                                 asyncio.Future[dict[str, set[int]]]]] = []
         self._marking: asyncio.Task[None] | None = None
@@ -631,7 +636,30 @@ class SqlWorkStore:
                              done))
         if self._claiming is None:
             self._claiming = asyncio.create_task(self._claim_all(), name="claims")
-        return [self._opened(c) for c in await asyncio.shield(done)]
+        try:
+            got = await asyncio.shield(done)
+        except asyncio.CancelledError:
+            # The claim goes on for the others of its turn; what it leases for us is
+            # given back when it lands, not left leased to nobody until the lease ends.
+            done.add_done_callback(lambda f: self._give_back(f, worker))
+            raise
+        return [self._opened(c) for c in got]
+
+    def _give_back(self, fut: asyncio.Future[list[Claim]], worker: str) -> None:
+        if fut.cancelled() or fut.exception() is not None or not fut.result():
+            return
+        ids = [c.id for c in fut.result()]
+
+        async def release_them() -> None:
+            try:
+                await self.release(ids, worker=worker)
+            except Exception as exc:  # their leases run out instead
+                log.warning("could not give back the claims of a cancelled claim", extra={
+                    "action": "release_failed", "claims": len(ids), "error": describe(exc)})
+
+        task = asyncio.get_running_loop().create_task(release_them(), name="claims-back")
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
 
     async def _claim_all(self) -> None:
         try:

@@ -85,3 +85,29 @@ async def test_two_requests_for_one_provider_are_refused(engine: AsyncEngine) ->
         await work.claim_many(engine, [work.ClaimRequest(ORGS[0], 1),
                                        work.ClaimRequest(ORGS[0], 1)],
                               worker="w", week=WEEK, now=NOW)
+
+
+async def test_a_claim_cancelled_while_its_turn_runs_gives_its_consents_back(
+    engine: AsyncEngine,
+) -> None:
+    """One provider's claim is cancelled (its run stopping) while the turn's statement is
+    on its way: the others get theirs, and what was leased for it is released, not left
+    leased to nobody until the lease ends."""
+    await _seed(engine, 12)
+    store = work.SqlWorkStore(engine, CIPHER)
+    kept = asyncio.create_task(store.claim(ORGS[0], worker="w1", week=WEEK, now=NOW, limit=2))
+    dropped = asyncio.create_task(store.claim(ORGS[1], worker="w1", week=WEEK, now=NOW,
+                                              limit=3))
+    await asyncio.sleep(0)  # both joined the turn
+    dropped.cancel()
+    assert len(await kept) == 2
+    with pytest.raises(asyncio.CancelledError):
+        await dropped
+    for _ in range(100):  # the release is its own small transaction
+        await asyncio.sleep(0.01)
+        async with engine.connect() as conn:
+            leased = (await conn.execute(select(schema.consents.c.org_code).where(
+                schema.consents.c.lease_owner == "w1"))).scalars().all()
+        if len(leased) == 2:
+            break
+    assert [o.strip() for o in leased] == [ORGS[0]] * 2
