@@ -74,6 +74,12 @@ class PermitStock:
         except TimeoutError:
             self.refused += 1
             return False
+        # Slots already past when they arrived (a late refill) are not for waiting calls:
+        # several waiters sending at once on past slots would bunch above the rate.
+        now = clock.monotonic()
+        slots = self._slots
+        while slots and slots[0] < now:
+            slots.popleft()
         return True
 
     def throttled(self, now: float) -> None:

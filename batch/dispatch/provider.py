@@ -292,7 +292,10 @@ class ProviderDispatcher:
                 if shared is not None:
                     left = min(left, shared)
             n_full = minute_target(minute, self._minutes[i:], self._planned, left, self._cap)
-            n = n_full * (SLICES_PER_MINUTE - k0) // SLICES_PER_MINUTE
+            # Joined mid-minute: that part of its count, the rest re-spread over the later
+            # minutes; the day's last minute has no later one, so it takes all that is left.
+            last = i == len(self._minutes) - 1
+            n = n_full if last else n_full * (SLICES_PER_MINUTE - k0) // SLICES_PER_MINUTE
             self.stats.minute_planned, self.stats.minute_started = n, 0
             if n == 0:
                 continue

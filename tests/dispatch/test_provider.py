@@ -432,3 +432,26 @@ async def test_a_consent_our_writer_just_released_and_our_producer_took_again_is
     assert len(seen) == 2, seen
     c = store.consents[1]
     assert c.due_week == WEEK + timedelta(days=7) and c.lease_owner is None
+
+
+async def test_a_run_started_halfway_through_the_days_last_minute_starts_all_that_is_left(
+) -> None:
+    """A restart at 01:01:30 (the window 01:00-01:02): the last minute has no later one to
+    take the rest, so its whole remaining count is started, not half of it."""
+    clock, _, d, writer, starts = _setup(
+        300, {60: 100, 61: 100}, quota=200,
+        start=datetime(2026, 11, 30, 1, 1, 30, tzinfo=KST))
+    await _run(clock, d, writer, 120)
+    assert len(starts) == 200
+    assert d.remaining == 0
+
+
+async def test_a_run_started_halfway_through_an_earlier_minute_leaves_the_rest_to_later_ones(
+) -> None:
+    clock, _, d, writer, starts = _setup(
+        300, {60: 100, 61: 100, 62: 100}, quota=300,
+        start=datetime(2026, 11, 30, 1, 0, 30, tzinfo=KST))
+    await _run(clock, d, writer, 200)
+    assert len(starts) == 300
+    first = sum(1 for t, _ in starts if t < 30)  # what is left of 01:00 (the clock's 0)
+    assert 40 <= first <= 60  # half a minute, half its count: no burst of all of it
