@@ -113,11 +113,13 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
         engine = make_engine(settings.db_url)
         try:
             if redis_url:  # cluster mode: many workers on one database are the point
+                from batch.cluster.circuit import CircuitSettings
                 from batch.cluster.session import ClusterOptions, ClusterSession
 
                 session = ClusterSession(engine, clock=clock, options=ClusterOptions(
                     redis_url, heartbeat=heartbeat_seconds, dead_after=dead_after_seconds,
-                    namespace=cluster_namespace))
+                    namespace=cluster_namespace,
+                    circuit=CircuitSettings.from_spec(os.environ.get("MYDATA_CIRCUIT"))))
                 res = await run_day(engine, clock=clock, cipher=cipher,
                                     options=replace(options, cluster=session))
                 summary = await _cluster_wide(engine, res.summary, session.report(),

@@ -173,6 +173,11 @@ class CircuitView:
             a = old.get(org, CircuitState.CLOSED)
             b = new.get(org, CircuitState.CLOSED)
             if a is not b:
+                log.warning("cluster circuit %s for %s, seen by %s", b, org, self.worker_id,
+                            extra={"action": "circuit_seen", "org_code": org,
+                                   "state": str(b), "previous": str(a),
+                                   "worker_id": self.worker_id,
+                                   "clock_s": round(self._clock.monotonic(), 3)})
                 for hook in self._hooks:
                     try:
                         hook(org, a, b)

@@ -25,6 +25,8 @@ from batch.aio import cancel_and_wait
 from batch.clock import Clock
 from batch.cluster import registry
 from batch.cluster.allowance import SharedAllowance
+from batch.cluster.circuit import CircuitSettings
+from batch.cluster.circuit_node import CircuitNode
 from batch.cluster.permits import SLICE, PermitStock
 from batch.cluster.scripts import Keys, RateAsk, Scripts
 from batch.db.nodes import heartbeat
@@ -50,6 +52,8 @@ class ClusterOptions:
     horizon: float = 0.3
     #: a Redis round trip slower than this counts as Redis lost (real seconds)
     redis_timeout: float = 0.5
+    #: the cluster circuit's settings (env MYDATA_CIRCUIT; None: the defaults)
+    circuit: CircuitSettings | None = None
 
     def __post_init__(self) -> None:
         if not self.redis_url:
@@ -114,6 +118,8 @@ class ClusterSession:
         self.reaped = 0
         self.taken_back = 0
         self.last_error = ""
+        #: this worker's part of the cluster circuit (:meth:`circuit_node`)
+        self.circuit: CircuitNode | None = None
 
     # ---------------------------------------------------------------- the Link of allowances
     def live(self) -> int:
@@ -185,6 +191,19 @@ class ClusterSession:
         self.allowances[org_code] = a
         return a
 
+    def circuit_node(self, worker_id: str) -> CircuitNode:
+        """This worker's part of the cluster circuit, on the session's Redis client; the
+        probe workers are picked from the registry's live workers (oldest first)."""
+        async def live() -> list[str]:
+            return [w.worker_id for w in
+                    await registry.live_workers(self._engine, now=self._clock.now())]
+
+        self.circuit = CircuitNode(self._redis, worker_id=worker_id, clock=self._clock,
+                                   settings=self.options.circuit, live_workers=live,
+                                   prefix=f"{self.options.namespace}:circuit:",
+                                   speed=self.speed)
+        return self.circuit
+
     def attach(self, chain: ProviderChain) -> None:
         st = chain.limiter.settings
         stock = PermitStock(chain.org_code, rate=st.calls_per_second, burst=st.burst,
@@ -225,6 +244,7 @@ class ClusterSession:
             "permit_waits": sum(s.waited for s in self._stocks.values()),
             "dead_workers_reaped": self.reaped,
             "starts_taken_back": self.taken_back,
+            **({"circuit": self.circuit.status()} if self.circuit is not None else {}),
             **({"redis_error": self.last_error} if self.fallbacks else {}),
         }
 
