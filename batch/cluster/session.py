@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
 from typing import Any
@@ -25,7 +26,7 @@ from batch.aio import cancel_and_wait
 from batch.clock import Clock
 from batch.cluster import registry
 from batch.cluster.allowance import SharedAllowance
-from batch.cluster.circuit import CircuitSettings
+from batch.cluster.circuit import CircuitSettings, ProviderCircuit
 from batch.cluster.circuit_node import CircuitNode
 from batch.cluster.permits import SLICE, PermitStock
 from batch.cluster.scripts import Keys, RateAsk, Scripts
@@ -194,14 +195,28 @@ class ClusterSession:
     def circuit_node(self, worker_id: str) -> CircuitNode:
         """This worker's part of the cluster circuit, on the session's Redis client; the
         probe workers are picked from the registry's live workers (oldest first)."""
+        from dataclasses import replace
+
+        from batch.cluster.circuit_events import transition_sink
+
+        record = transition_sink(self._engine)
+        speed = self.speed
+
         async def live() -> list[str]:
             return [w.worker_id for w in
                     await registry.live_workers(self._engine, now=self._clock.now())]
 
+        async def on_transitions(moves: Sequence[tuple[ProviderCircuit | None,
+                                                       ProviderCircuit]], actor: str) -> None:
+            # circuit_events holds server (real) times; a scaled clock's are TIME * speed
+            await record([(old, replace(new, since=new.since / speed)) for old, new in moves]
+                         if speed != 1.0 else moves, actor)
+
         self.circuit = CircuitNode(self._redis, worker_id=worker_id, clock=self._clock,
                                    settings=self.options.circuit, live_workers=live,
+                                   on_transitions=on_transitions,
                                    prefix=f"{self.options.namespace}:circuit:",
-                                   speed=self.speed)
+                                   speed=speed)
         return self.circuit
 
     def attach(self, chain: ProviderChain) -> None:
