@@ -149,6 +149,13 @@ def _print(summary: RunSummary, as_json: bool) -> None:
                 click.echo(f"{p.org_code}: node {c.get('node_id')} ran on LOCAL limits "
                            f"(Redis lost {c['redis_fallbacks']} time(s), "
                            f"{c.get('redis_fallback_seconds')} s)")
+            circuit = c.get("circuit") if isinstance(c, dict) else None
+            if isinstance(circuit, dict) and (circuit.get("left_cluster")
+                                              or circuit.get("mode") != "cluster"):
+                click.echo(f"{p.org_code}: node {c.get('node_id')} cluster circuit view "
+                           f"{circuit.get('mode')} at the end, modes seen "
+                           f"{', '.join(circuit.get('modes_seen') or [])}, left the "
+                           f"cluster's list {circuit.get('left_cluster')} time(s)")
 
 
 async def _cluster_wide(engine: AsyncEngine, summary: RunSummary, report: dict[str, Any],
