@@ -165,9 +165,9 @@ def _dump(outs: list[tuple[bytes, bytes]], t0: float) -> None:
             Path(d, f"w{i}.err").write_bytes(err)
 
 
-def _circuit_report(out: bytes) -> dict[str, Any]:
+def _circuit_report(out: bytes, *, done_only: bool = True) -> dict[str, Any]:
     s = json.loads(out)
-    assert s["status"] == "done", s
+    assert s["status"] in (("done",) if done_only else ("done", "incomplete")), s
     report: dict[str, Any] = s["providers"][0]["cluster"]["circuit"]
     return report
 
@@ -242,8 +242,11 @@ def test_the_coordinator_killed_during_the_outage_another_takes_over(
     for i, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
         if i == victim:
             continue
-        assert p.returncode == 0, (out.decode()[-3000:], err.decode()[-3000:])
-        _circuit_report(out)
+        # A survivor that ends while the other is still redoing the victim's reaped claims
+        # judges those deferred (batch/cluster/view.py counts what is attempted or leased
+        # at its end) and says incomplete (1); the day itself is judged below, in the rows.
+        assert p.returncode in (0, 1), (out.decode()[-3000:], err.decode()[-3000:])
+        _circuit_report(out, done_only=False)
         _check_opened_and_resumed(err, bank, t0, f"w{i}")
     _check_probe_rate(first, last)
     _check_week(pg_url, tokens, stats)
