@@ -113,11 +113,13 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
         engine = make_engine(settings.db_url)
         try:
             if redis_url:  # cluster mode: many workers on one database are the point
+                from batch.cluster.circuit import CircuitSettings
                 from batch.cluster.session import ClusterOptions, ClusterSession
 
                 session = ClusterSession(engine, clock=clock, options=ClusterOptions(
                     redis_url, heartbeat=heartbeat_seconds, dead_after=dead_after_seconds,
-                    namespace=cluster_namespace))
+                    namespace=cluster_namespace,
+                    circuit=CircuitSettings.from_spec(os.environ.get("MYDATA_CIRCUIT"))))
                 res = await run_day(engine, clock=clock, cipher=cipher,
                                     options=replace(options, cluster=session))
                 summary = await _cluster_wide(engine, res.summary, session.report(),
@@ -147,6 +149,13 @@ def _print(summary: RunSummary, as_json: bool) -> None:
                 click.echo(f"{p.org_code}: node {c.get('node_id')} ran on LOCAL limits "
                            f"(Redis lost {c['redis_fallbacks']} time(s), "
                            f"{c.get('redis_fallback_seconds')} s)")
+            circuit = c.get("circuit") if isinstance(c, dict) else None
+            if isinstance(circuit, dict) and (circuit.get("left_cluster")
+                                              or circuit.get("mode") != "cluster"):
+                click.echo(f"{p.org_code}: node {c.get('node_id')} cluster circuit view "
+                           f"{circuit.get('mode')} at the end, modes seen "
+                           f"{', '.join(circuit.get('modes_seen') or [])}, left the "
+                           f"cluster's list {circuit.get('left_cluster')} time(s)")
 
 
 async def _cluster_wide(engine: AsyncEngine, summary: RunSummary, report: dict[str, Any],

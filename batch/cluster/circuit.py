@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import StrEnum
 
 from batch.errors import ConfigError
@@ -112,6 +112,30 @@ class CircuitSettings:
                "must be longer than coordinator_interval (the lease is renewed each tick)")
         _check(self.coordinator_stale_after > self.coordinator_interval,
                "coordinator_stale_after", "must be longer than coordinator_interval")
+
+    @classmethod
+    def from_spec(cls, spec: str | None) -> CircuitSettings:
+        """The defaults, with the fields a ``MYDATA_CIRCUIT`` spec sets, e.g.
+        ``healthy_period=10;refresh_interval=2`` (ConfigError naming a bad field)."""
+        if not spec or not spec.strip():
+            return cls()
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, float | int] = {}
+        for item in spec.split(";"):
+            if not item.strip():
+                continue
+            name, eq, raw = item.partition("=")
+            name = name.strip()
+            if not eq or name not in known:
+                raise ConfigError(f"MYDATA_CIRCUIT: {item.strip()!r} is not <field>=<value> "
+                                  f"(fields: {', '.join(known)})", field="MYDATA_CIRCUIT")
+            ints = name in ("bucket_seconds", "minimum_calls", "probe_minimum")
+            try:
+                values[name] = int(raw) if ints else float(raw)
+            except ValueError:
+                raise ConfigError(f"MYDATA_CIRCUIT: {name} must be a number, got {raw!r}",
+                                  field=f"circuit.{name}") from None
+        return cls(**values)  # type: ignore[arg-type]
 
     @property
     def history_seconds(self) -> float:

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from redis.asyncio import Redis
 
+from batch.aio import cancel_and_wait
 from batch.clock import Clock
 from batch.cluster.circuit import CircuitSettings
 from batch.cluster.circuit_feed import OutcomeFeed
@@ -37,8 +38,10 @@ class CircuitNode:
                  live_workers: LiveWorkers | None = None,
                  slow_call_duration: Mapping[str, float] | None = None,
                  on_transitions: TransitionSink | None = None,
-                 candidate: bool = True, prefix: str = DEFAULT_PREFIX) -> None:
-        self.store = CircuitStore(redis, settings=settings or CircuitSettings(), prefix=prefix)
+                 candidate: bool = True, prefix: str = DEFAULT_PREFIX,
+                 speed: float = 1.0) -> None:
+        self.store = CircuitStore(redis, settings=settings or CircuitSettings(), prefix=prefix,
+                                  speed=speed)
         self.worker_id = worker_id
         self._clock = clock
         self.feed = OutcomeFeed(self.store, clock=clock, slow_call_duration=slow_call_duration)
@@ -72,12 +75,17 @@ class CircuitNode:
             self._tasks.append(asyncio.create_task(self.coordinator.run(self._stop),
                                                    name="circuit-coordinator"))
 
-    async def stop(self) -> None:
-        """Stop the loops: a last push, and the coordinator's lease released if held."""
+    async def stop(self, *, grace: float = 2.0) -> None:
+        """Stop the loops: a last push, and the coordinator's lease released if held. Loops
+        still running after ``grace`` seconds (real time: Redis hanging) are cancelled."""
         self._stop.set()
         if self._tasks:
-            with contextlib.suppress(Exception):
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+            _, pending = await asyncio.wait(self._tasks, timeout=grace)
+            if pending:
+                await cancel_and_wait(pending)
+            for t in self._tasks:  # retrieved, so asyncio does not print "never retrieved"
+                if t.done() and not t.cancelled():
+                    t.exception()
         self._tasks = []
 
     def status(self) -> dict[str, object]:

@@ -13,7 +13,9 @@ Keys (``prefix`` is ``mydata:circuit:`` unless configured):
     {prefix}generation       int   incremented on every election: the fencing number
     {prefix}probe:{org}      str   a probe reservation: exists for one probe interval
 
-Every script reads the time from the server (``TIME``), never from a worker. The fenced
+Every script reads the time from the server (``TIME``), never from a worker; a test's
+scaled clock (``speed``) is applied to that time, so every setting is in the cluster clock's
+seconds. The fenced
 write checks, in the same script that writes, that the caller's token is still the leader
 key's value: a coordinator that was paused past its lease (and maybe replaced) cannot write.
 The scripts compute key names from ``prefix``, so this needs one Redis server (or a
@@ -41,11 +43,11 @@ DEFAULT_PREFIX = "mydata:circuit:"
 
 _PUSH = """
 local t = redis.call('TIME')
-local sec = tonumber(t[1])
+local sec = math.floor((tonumber(t[1]) + tonumber(t[2]) / 1000000) * tonumber(ARGV[4]))
 local size = tonumber(ARGV[2])
 local b = sec - sec % size
 local key = ARGV[1] .. 'counts:' .. b
-local i = 4
+local i = 5
 while i <= #ARGV do
   local org = ARGV[i]
   local s, f, w = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
@@ -60,7 +62,7 @@ return b
 
 _READ = """
 local t = redis.call('TIME')
-local sec = tonumber(t[1])
+local sec = math.floor((tonumber(t[1]) + tonumber(t[2]) / 1000000) * tonumber(ARGV[4]))
 local size = tonumber(ARGV[2])
 local last = sec - sec % size
 local out = {t[1], t[2], redis.call('HGETALL', ARGV[1] .. 'state'),
@@ -86,13 +88,13 @@ _WRITE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
 local t = redis.call('TIME')
-local i = 4
+local i = 5
 while i <= #ARGV do
   redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
   i = i + 2
 end
-redis.call('SET', KEYS[3], '{"at":' .. t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
-           .. ',' .. ARGV[3])
+local at = (tonumber(t[1]) + tonumber(t[2]) / 1000000) * tonumber(ARGV[4])
+redis.call('SET', KEYS[3], '{"at":' .. string.format('%.6f', at) .. ',' .. ARGV[3])
 return 1
 """
 
@@ -110,8 +112,8 @@ def _pairs(flat: Sequence[Any]) -> dict[str, str]:
     return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
 
 
-def _server_time(sec: Any, usec: Any) -> float:
-    return int(_s(sec)) + int(_s(usec)) / 1e6
+def _server_time(sec: Any, usec: Any, speed: float = 1.0) -> float:
+    return (int(_s(sec)) + int(_s(usec)) / 1e6) * speed
 
 
 def parse_states(raw: Mapping[str, str]) -> dict[str, ProviderCircuit]:
@@ -176,10 +178,16 @@ class CircuitStore:
     """The cluster circuit's Redis operations (one round trip each)."""
 
     def __init__(self, redis: Redis, *, settings: CircuitSettings,
-                 prefix: str = DEFAULT_PREFIX) -> None:
+                 prefix: str = DEFAULT_PREFIX, speed: float = 1.0) -> None:
+        if not speed > 0:
+            raise ValueError("speed must be positive")
         self.redis = redis
         self.settings = settings
         self.prefix = prefix
+        #: the cluster clock's seconds per server second (1 in production; a test's
+        #: scaled clock runs faster): server times are read as ``TIME * speed``, and
+        #: expiries set in server milliseconds are the settings' seconds / speed
+        self.speed = float(speed)
         self._push = redis.register_script(_PUSH)
         self._read = redis.register_script(_READ)
         self._acquire = redis.register_script(_ACQUIRE)
@@ -189,12 +197,17 @@ class CircuitStore:
     def key(self, name: str) -> str:
         return self.prefix + name
 
+    def _ms(self, seconds: float) -> int:
+        """Cluster-clock seconds as server milliseconds (an expiry), at least 1."""
+        return max(1, round(seconds / self.speed * 1000))
+
     # -- workers ----------------------------------------------------------------------
     async def push(self, counts: Mapping[str, Counts]) -> int:
         """Add every provider's counts to the current server-time bucket; returns it."""
         st = self.settings
-        args: list[str | int] = [self.prefix, st.bucket_seconds,
-                                 int(st.history_seconds + 3 * st.bucket_seconds + 60)]
+        args: list[str | int | float] = [
+            self.prefix, st.bucket_seconds,
+            int((st.history_seconds + 3 * st.bucket_seconds) / self.speed + 60), self.speed]
         for org, c in counts.items():
             args += [org, c.successes, c.failures, c.slow]
         return int(await self._push(keys=[], args=args))
@@ -214,14 +227,14 @@ class CircuitStore:
                 beat_at = float(json.loads(_s(beat))["at"])
             except (ValueError, KeyError, TypeError):
                 beat_at = None
-        return WorkerView(now=_server_time(t[0], t[1]),
+        return WorkerView(now=_server_time(t[0], t[1], self.speed),
                           states=parse_states({_s(k): _s(v) for k, v in state.items()}),
                           forced=parse_forced({_s(k): _s(v) for k, v in forced.items()}),
                           beat_at=beat_at, leader=_s(leader) if leader is not None else None)
 
     async def reserve_probe(self, org_code: str, worker_id: str) -> bool:
         """One probe call's reservation: at most one per probe interval, cluster-wide."""
-        ms = max(1, round(self.settings.probe_interval * 1000))
+        ms = self._ms(self.settings.probe_interval)
         return bool(await self.redis.set(self.key(f"probe:{org_code}"), worker_id, nx=True,
                                          px=ms))
 
@@ -229,13 +242,14 @@ class CircuitStore:
     async def read_snapshot(self) -> Snapshot:
         st = self.settings
         raw = await self._read(keys=[], args=[self.prefix, st.bucket_seconds,
-                                              st.history_buckets])
+                                              st.history_buckets, self.speed])
         buckets: dict[str, dict[int, Counts]] = {}
         for i in range(5, len(raw) - 1, 2):
             b = int(raw[i])
             for org, c in parse_counts(_pairs(raw[i + 1])).items():
                 buckets.setdefault(org, {})[b] = c
-        return Snapshot(now=_server_time(raw[0], raw[1]), states=parse_states(_pairs(raw[2])),
+        return Snapshot(now=_server_time(raw[0], raw[1], self.speed),
+                        states=parse_states(_pairs(raw[2])),
                         forced=parse_forced(_pairs(raw[3])),
                         leader=_s(raw[4]) if raw[4] is not None else None, buckets=buckets)
 
@@ -243,7 +257,7 @@ class CircuitStore:
         """(generation, token) if elected now; (0, current leader token) if someone holds it."""
         gen, token = await self._acquire(
             keys=[self.key("leader"), self.key("generation")],
-            args=[candidate, max(1, round(self.settings.lease_ttl * 1000))])
+            args=[candidate, self._ms(self.settings.lease_ttl)])
         return int(gen), _s(token)
 
     async def write(self, token: str, generation: int,
@@ -252,8 +266,8 @@ class CircuitStore:
         the lease (fencing); False if it does not: the caller is no longer the coordinator."""
         leader = token.split(":", 1)[1] if ":" in token else token
         beat_tail = json.dumps({"leader": leader, "generation": generation})[1:]
-        args: list[str | int] = [token, max(1, round(self.settings.lease_ttl * 1000)),
-                                 beat_tail]
+        args: list[str | int | float] = [token, self._ms(self.settings.lease_ttl),
+                                         beat_tail, self.speed]
         for s in states:
             args += [s.org_code, json.dumps(s.to_json())]
         ok = await self._write(keys=[self.key("leader"), self.key("state"), self.key("beat")],
@@ -267,7 +281,7 @@ class CircuitStore:
     # -- operators --------------------------------------------------------------------
     async def server_time(self) -> float:
         t = await self.redis.time()
-        return _server_time(t[0], t[1])
+        return _server_time(t[0], t[1], self.speed)
 
     async def force(self, org_code: str, forced: Forced) -> None:
         await self.redis.hset(self.key("forced"), org_code, json.dumps({

@@ -60,6 +60,9 @@ class CircuitView:
         self.last_error: str | None = None
         self.leader: str | None = None
         self.reads = 0
+        #: times the view left CLUSTER mode (went stale or local), and the modes it was in
+        self.left_cluster = 0
+        self.modes_seen: set[ViewMode] = set()
         #: set after every refresh (tests wait on it rather than sleeping)
         self.refreshed = asyncio.Event()
 
@@ -103,6 +106,8 @@ class CircuitView:
             "probe_worker": self._probe,
             "coordinator": self.leader,
             "last_error": self.last_error,
+            "left_cluster": self.left_cluster,
+            "modes_seen": sorted(str(m) for m in self.modes_seen),
         }
 
     # -- reading Redis -----------------------------------------------------------------
@@ -135,7 +140,10 @@ class CircuitView:
                 log.warning("live workers unknown; probe designation kept", extra={
                     "action": "live_workers_failed", "error": describe(exc)})
         mode = self.mode()
+        self.modes_seen.add(mode)
         if mode is not self._mode:
+            if self._mode is ViewMode.CLUSTER:
+                self.left_cluster += 1
             (log.info if mode is ViewMode.CLUSTER else log.warning)(
                 "cluster circuit: %s", _MODE_TEXT[mode], extra={
                     "action": "circuit_mode", "mode": str(mode), "previous": str(self._mode),
@@ -173,6 +181,11 @@ class CircuitView:
             a = old.get(org, CircuitState.CLOSED)
             b = new.get(org, CircuitState.CLOSED)
             if a is not b:
+                log.warning("cluster circuit %s for %s, seen by %s", b, org, self.worker_id,
+                            extra={"action": "circuit_seen", "org_code": org,
+                                   "state": str(b), "previous": str(a),
+                                   "worker_id": self.worker_id,
+                                   "clock_s": round(self._clock.monotonic(), 3)})
                 for hook in self._hooks:
                     try:
                         hook(org, a, b)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
 from typing import Any
@@ -25,6 +26,8 @@ from batch.aio import cancel_and_wait
 from batch.clock import Clock
 from batch.cluster import registry
 from batch.cluster.allowance import SharedAllowance
+from batch.cluster.circuit import CircuitSettings, ProviderCircuit
+from batch.cluster.circuit_node import CircuitNode
 from batch.cluster.permits import SLICE, PermitStock
 from batch.cluster.scripts import Keys, RateAsk, Scripts
 from batch.db.nodes import heartbeat
@@ -50,6 +53,8 @@ class ClusterOptions:
     horizon: float = 0.3
     #: a Redis round trip slower than this counts as Redis lost (real seconds)
     redis_timeout: float = 0.5
+    #: the cluster circuit's settings (env MYDATA_CIRCUIT; None: the defaults)
+    circuit: CircuitSettings | None = None
 
     def __post_init__(self) -> None:
         if not self.redis_url:
@@ -114,6 +119,8 @@ class ClusterSession:
         self.reaped = 0
         self.taken_back = 0
         self.last_error = ""
+        #: this worker's part of the cluster circuit (:meth:`circuit_node`)
+        self.circuit: CircuitNode | None = None
 
     # ---------------------------------------------------------------- the Link of allowances
     def live(self) -> int:
@@ -185,6 +192,33 @@ class ClusterSession:
         self.allowances[org_code] = a
         return a
 
+    def circuit_node(self, worker_id: str) -> CircuitNode:
+        """This worker's part of the cluster circuit, on the session's Redis client; the
+        probe workers are picked from the registry's live workers (oldest first)."""
+        from dataclasses import replace
+
+        from batch.cluster.circuit_events import transition_sink
+
+        record = transition_sink(self._engine)
+        speed = self.speed
+
+        async def live() -> list[str]:
+            return [w.worker_id for w in
+                    await registry.live_workers(self._engine, now=self._clock.now())]
+
+        async def on_transitions(moves: Sequence[tuple[ProviderCircuit | None,
+                                                       ProviderCircuit]], actor: str) -> None:
+            # circuit_events holds server (real) times; a scaled clock's are TIME * speed
+            await record([(old, replace(new, since=new.since / speed)) for old, new in moves]
+                         if speed != 1.0 else moves, actor)
+
+        self.circuit = CircuitNode(self._redis, worker_id=worker_id, clock=self._clock,
+                                   settings=self.options.circuit, live_workers=live,
+                                   on_transitions=on_transitions,
+                                   prefix=f"{self.options.namespace}:circuit:",
+                                   speed=speed)
+        return self.circuit
+
     def attach(self, chain: ProviderChain) -> None:
         st = chain.limiter.settings
         stock = PermitStock(chain.org_code, rate=st.calls_per_second, burst=st.burst,
@@ -225,6 +259,7 @@ class ClusterSession:
             "permit_waits": sum(s.waited for s in self._stocks.values()),
             "dead_workers_reaped": self.reaped,
             "starts_taken_back": self.taken_back,
+            **({"circuit": self.circuit.status()} if self.circuit is not None else {}),
             **({"redis_error": self.last_error} if self.fallbacks else {}),
         }
 

@@ -30,7 +30,7 @@ from sqlalchemy import insert, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.aio import cancel_and_wait
-from batch.client import MydataClient, RefreshResult, make_http_client
+from batch.client import CallChain, MydataClient, RefreshResult, make_http_client
 from batch.clock import KST, Clock
 from batch.config import Provider
 from batch.crypto import TokenCipher
@@ -255,6 +255,8 @@ def build_pieces(inputs: RunInputs, plans: DayPlans, options: RunOptions, *,
     chains: dict[str, ProviderChain] = {}
     obs = Observability(engine, clock=clock, run_id=options.run_id, day=today,
                         options=options.observe)
+    # cluster mode: one circuit per provider across the workers (batch/cluster/circuit_node.py)
+    node = None if options.cluster is None else options.cluster.circuit_node(options.worker_id)
     for p in inputs.providers:
         plan = plans.plans.get(p.org_code)
         quota = plan.batch_quota if plan else 0
@@ -267,11 +269,13 @@ def build_pieces(inputs: RunInputs, plans: DayPlans, options: RunOptions, *,
                 "action": "minutes_outside_windows", "run_id": options.run_id,
                 "org_code": p.org_code, "dropped": len(plan.minutes) - len(minutes)})
         chain = ProviderChain(p.org_code, ChainSettings.from_provider(p), clock=clock,
-                              listeners=obs.listeners)
+                              listeners=obs.listeners if node is None
+                              else (*obs.listeners, node.feed))
         chains[p.org_code] = chain
         if options.cluster is not None:  # cluster mode: the shared limit behind the local
             options.cluster.attach(chain)
-        client = MydataClient(p, http=http, chain=chain, tran_ids=tran_ids, clock=clock,
+        gate: CallChain = chain if node is None else node.gate(chain, listeners=obs.listeners)
+        client = MydataClient(p, http=http, chain=gate, tran_ids=tran_ids, clock=clock,
                               page_limit=options.page_limit)
         policy_by_org[p.org_code] = RetryPolicy(max_attempts=p.max_attempts_per_week,
                                                 windows=tuple(p.windows))
@@ -282,7 +286,10 @@ def build_pieces(inputs: RunInputs, plans: DayPlans, options: RunOptions, *,
             policy=policy_by_org[p.org_code], day=today, week=week, quota=quota,
             minutes=minutes, per_minute_cap=cap, window_minutes=open_minutes,
             attempted_before=attempted_before.get(p.org_code, 0),
-            breaker_open=_open_check(chain), breaker_state=_state_of(chain),
+            breaker_open=_open_check(chain) if node is None
+            else node.gates[p.org_code].breaker_open,
+            breaker_state=_state_of(chain) if node is None
+            else node.gates[p.org_code].breaker_state,
             allowance=None if options.cluster is None else options.cluster.allowance(
                 p.org_code, day=today, quota=quota,
                 attempted_before=attempted_before.get(p.org_code, 0), run_id=options.run_id),
@@ -324,10 +331,13 @@ async def execute(pieces: Pieces, options: RunOptions, *, clock: Clock, day: dat
             pieces.dispatchers, clock=clock, tty=tty, stream=stream, run_id=options.run_id,
             day=day))
     await pieces.obs.start(pieces.chains, pieces.dispatchers)  # the port, the minute export
+    circuit = None if options.cluster is None else options.cluster.circuit
     if options.cluster is not None:  # cluster mode: heartbeat, shared permits
         await options.cluster.start(pieces.node_id)
     t0 = clock.monotonic()
     try:
+        if circuit is not None:  # cluster mode: the circuit's feed, view and coordinator
+            await circuit.start()
         await asyncio.gather(*(d.run(stop, grace=options.grace_seconds)
                                for d in pieces.dispatchers))
     finally:
@@ -337,6 +347,8 @@ async def execute(pieces: Pieces, options: RunOptions, *, clock: Clock, day: dat
         await asyncio.gather(writer_task, return_exceptions=True)
         await pieces.http.aclose()
         await pieces.obs.stop()  # the last minute rows; the port closed
+        if circuit is not None:
+            await circuit.stop()  # a last push; the coordinator's lease given up
         if options.cluster is not None:
             await options.cluster.stop()
         for sig in signals:

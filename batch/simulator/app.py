@@ -185,6 +185,10 @@ class Simulator:
         out: dict[str, Any] = {
             "providers": {org: sim.stats.snapshot() for org, sim in self.providers.items()},
             "total": self.total.snapshot(),
+            # the timeline's time 0 on the simulator's monotonic clock (a scaled clock's
+            # monotonic agrees across processes: tests place an outage on their own clock)
+            "timeline_t0": min((sim.started_at for sim in self.providers.values()),
+                               default=None),
         }
         if detail:
             out["consents"] = {org: sim.consents() for org, sim in self.providers.items()}

@@ -198,3 +198,21 @@ def test_settings_name_the_bad_field() -> None:
 def test_provider_circuit_round_trips_through_json() -> None:
     c = ProviderCircuit(ORG, CircuitState.OPEN, 1.5, "why", 0.25, 0.5, 8, 3)
     assert ProviderCircuit.from_json(c.to_json()) == c
+
+
+def test_settings_from_a_mydata_circuit_spec_set_only_the_fields_named() -> None:
+    s = CircuitSettings.from_spec("healthy_period=10; refresh_interval=2;bucket_seconds=1")
+    assert (s.healthy_period, s.refresh_interval, s.bucket_seconds) == (10.0, 2.0, 1)
+    assert s.window_seconds == CircuitSettings().window_seconds
+    assert CircuitSettings.from_spec(None) == CircuitSettings.from_spec("") == CircuitSettings()
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    ("nonsense=1", "MYDATA_CIRCUIT"), ("healthy_period", "MYDATA_CIRCUIT"),
+    ("probe_rate=fast", "circuit.probe_rate"), ("minimum_calls=2.5", "circuit.minimum_calls"),
+    ("healthy_period=-1", "circuit.healthy_period"),
+])
+def test_a_bad_mydata_circuit_spec_names_its_field(spec: str, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        CircuitSettings.from_spec(spec)
+    assert err.value.field == field

@@ -205,3 +205,23 @@ async def test_a_node_started_alone_leads_and_follows_the_list_at_once(redis: Re
     finally:
         await node.stop()
     assert await redis.get("t:circuit:leader") is None  # a clean stop gives the lease back
+
+
+async def test_a_scaled_cluster_clock_reads_server_time_times_its_speed(redis: Redis) -> None:
+    """A test's scaled clock (speed 4): buckets, the snapshot and the beat are on the cluster
+    clock (TIME x 4), and expiries are the settings' seconds / 4 on the server."""
+    s = CircuitStore(redis, settings=S, prefix="t:circuit:", speed=4.0)
+    real = float((await redis.time())[0])
+    b = await s.push({ORG: Counts(2, 1, 0)})
+    t = await s.server_time()
+    assert abs(t - 4 * real) < 4 * 5 and b <= t < b + S.bucket_seconds + 1
+    snap = await s.read_snapshot()
+    assert sum(snap.buckets[ORG].values(), Counts()) == Counts(2, 1, 0)
+    assert abs(snap.now - t) < 4 * 5
+    gen, token = await s.acquire("w1")
+    assert gen
+    assert 0 < await redis.pttl("t:circuit:leader") <= S.lease_ttl / 4 * 1000
+    assert await s.write(token, gen, [])
+    assert abs((await s.read_view()).beat_at - t) < 4 * 5  # type: ignore[operator]
+    assert await s.reserve_probe(ORG, "w1")
+    assert 0 < await redis.pttl(f"t:circuit:probe:{ORG}") <= S.probe_interval / 4 * 1000

@@ -85,6 +85,9 @@ async def test_fresh_then_kept_for_a_bounded_time_then_local(
     assert view.status()["mode"] == "local"
     store.down = False
     assert await view.refresh() is ViewMode.CLUSTER
+    # the summary says the view left the cluster's list once, and which modes it was in
+    st = view.status()
+    assert st["left_cluster"] == 1 and st["modes_seen"] == ["cluster", "local", "stale"]
 
 
 async def test_a_stale_coordinator_beat_is_not_a_fresh_list() -> None:
