@@ -42,8 +42,7 @@ class SharedAllowance:
         self.org_code = org_code
         self._scripts = scripts
         self._link = link
-        self._day = day
-        self.day = day
+        self.day = day  # the provider's day (its Redis keys), as "YYYY-MM-DD"
         self._quota = quota
         self._seed = seed
         self._member = member  # this run, on the day's ledger of grants (a death gives back)
@@ -66,7 +65,7 @@ class SharedAllowance:
         g = -1
         if self._link.shared:
             try:
-                g = await self._scripts.grant(self.org_code, day=self._day, minute=minute,
+                g = await self._scripts.grant(self.org_code, day=self.day, minute=minute,
                                               want=want, due=due, quota=self._quota,
                                               seed=self._seed, member=self._member)
             except Exception as exc:
@@ -90,7 +89,7 @@ class SharedAllowance:
 
     async def _refund(self, n: int) -> None:
         try:
-            await self._scripts.refund(self.org_code, day=self._day, n=n, member=self._member,
+            await self._scripts.refund(self.org_code, day=self.day, n=n, member=self._member,
                                        minute=self._minute)
         except Exception as exc:
             self._link.lost(exc)
@@ -102,7 +101,7 @@ class SharedAllowance:
         if not self._link.shared:
             return None
         try:
-            used = await self._scripts.day_used(self.org_code, day=self._day, seed=self._seed)
+            used = await self._scripts.day_used(self.org_code, day=self.day, seed=self._seed)
         except Exception as exc:
             self._link.lost(exc)
             return None
