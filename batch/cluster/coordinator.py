@@ -60,6 +60,7 @@ class Coordinator:
         self.token: str | None = None
         self.generation = 0
         self.ticks = 0
+        self.failed_ticks = 0
         #: set after every tick (tests wait on it rather than sleeping)
         self.ticked = asyncio.Event()
 
@@ -114,13 +115,25 @@ class Coordinator:
     async def run(self, stop: asyncio.Event) -> None:
         """Tick until ``stop``; then give the lease up if this candidate holds it."""
         try:
+            failing = 0  # ticks failed in a row: the first is logged, then the recovery
             while not stop.is_set():
                 try:
                     await self.tick()
                 except Exception as exc:  # Redis down: try again next tick
-                    log.warning("circuit coordinator tick failed", extra={
-                        "action": "coordinator_tick_failed", "worker_id": self.candidate_id,
-                        "error": describe(exc)})
+                    failing += 1
+                    self.failed_ticks += 1
+                    if failing == 1:
+                        log.warning("circuit coordinator tick failed; trying again every "
+                                    "%.3g s", self.settings.coordinator_interval, extra={
+                                        "action": "coordinator_tick_failed",
+                                        "worker_id": self.candidate_id,
+                                        "error": describe(exc)})
+                else:
+                    if failing:
+                        log.warning("circuit coordinator ticks again", extra={
+                            "action": "coordinator_tick_recovered",
+                            "worker_id": self.candidate_id, "failed_ticks": failing})
+                    failing = 0
                 self.ticks += 1
                 self.ticked.set()
                 try:

@@ -3,10 +3,13 @@
 The cluster-wide GCRA lives in Redis (batch/cluster/scripts.py); asking it per call would
 cost a round trip per call, so each worker reserves a small batch per slice: slots within
 the next ``horizon`` seconds, as many as its recent demand needs. Calls take them in order;
-a slot left unused for longer than ``stale_after`` is dropped (the cluster lost that much of
-the provider's rate, never more than it may send). With no permit in stock a call is
-not sent: it waits for the next refill (batch/resilience/chain.py's PERMIT_WAIT) and is
-refused if none comes (nothing reserved, the consent stays due): strict, never borrowed.
+a slot left unused for longer than ``stale_after`` (a quarter of the interval) is dropped
+(the cluster lost that much of the provider's rate, never more than it may send), and a call
+that reaches its slot too late gives it up too (RateLimiter.late). Permits from different
+round trips are placed on one steady estimate of the server's clock (ServerClock). With no
+permit in stock a call is not sent: it waits for the next refill (batch/resilience/chain.py's
+PERMIT_WAIT) and is refused if none comes (nothing reserved, the consent stays due):
+strict, never borrowed.
 
 Pure and clock-driven: the session's refill loop does the Redis round trip.
 """
@@ -18,6 +21,7 @@ import math
 from collections import deque
 
 from batch.clock import Clock
+from batch.resilience.limiter import LATE_MIN, LATE_SHARE
 
 #: seconds between the slices a worker reserves for (the dispatcher's slice)
 SLICE = 0.1
@@ -31,7 +35,9 @@ class PermitStock:
                  "stale_after", "waited")
 
     def __init__(self, org_code: str, *, rate: float, burst: int, horizon: float = 0.3,
-                 stale_after: float = 0.05) -> None:
+                 stale_after: float | None = None) -> None:
+        if stale_after is None:  # as late as the limiter lets a call be (with the send's own)
+            stale_after = max(LATE_MIN, LATE_SHARE / rate) if rate > 0 else 0.0
         if rate <= 0 or burst < 1 or horizon <= 0 or stale_after < 0:
             raise ValueError("bad permit stock settings")
         self.org_code = org_code
@@ -124,3 +130,59 @@ class PermitStock:
     @property
     def stock(self) -> int:
         return len(self._slots)
+
+
+class ServerClock:
+    """The Redis server's clock (the scripts' time base) mapped onto this worker's monotonic
+    clock, so that permits granted in different round trips keep their spacing here.
+
+    Each round trip is a sample: the server read its time somewhere between ``sent`` and
+    ``recv`` (local), so ``server - local`` lies within [server - recv, server - sent].
+    Anchoring each batch at its own round trip's midpoint would shift a whole batch by up to
+    half that round trip: a slow one (a stall, a busy Redis) followed by a fast one bunches
+    the calls at the seam, above the rate. The offset used instead is the midpoint of the
+    fastest round trip within the last ``window`` seconds (Cristian's method with a minimum
+    filter): it changes only by a fraction of the fastest round trip. A sample whose bounds
+    cannot meet those of the offset in use means a clock was stepped: the estimate restarts
+    from it. The window is short enough that two clocks' drift within it is negligible.
+    """
+
+    __slots__ = ("_best", "window")
+
+    def __init__(self, window: float = 10.0) -> None:
+        if window <= 0:
+            raise ValueError("window must be positive")
+        self.window = window
+        #: (recv, rtt, offset), rtt increasing from the front: the front is the window's best
+        self._best: deque[tuple[float, float, float]] = deque()
+
+    def sample(self, sent: float, recv: float, server_now: float) -> float:
+        """Record one round trip; returns the offset (server minus local) now in force."""
+        rtt = max(0.0, recv - sent)
+        offset = server_now - (sent + recv) / 2
+        best = self._best
+        if best:
+            _, r0, o0 = best[0]
+            if server_now - recv > o0 + r0 / 2 or server_now - sent < o0 - r0 / 2:
+                best.clear()  # the offset in use is impossible now: a clock stepped
+        while best and best[-1][1] >= rtt:
+            best.pop()
+        best.append((recv, rtt, offset))
+        while best[0][0] < recv - self.window:
+            best.popleft()
+        return best[0][2]
+
+    @property
+    def offset(self) -> float | None:
+        return self._best[0][2] if self._best else None
+
+    @property
+    def rtt(self) -> float | None:
+        """The fastest round trip in the window (the offset's uncertainty is half of it)."""
+        return self._best[0][1] if self._best else None
+
+    def to_local(self, server_t: float) -> float:
+        best = self._best
+        if not best:
+            raise RuntimeError("no sample yet")
+        return server_t - best[0][2]

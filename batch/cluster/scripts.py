@@ -32,7 +32,8 @@ local now = (tonumber(t[1]) - 1700000000 + tonumber(t[2]) / 1000000) * speed
 """
 
 #: GCRA over a batch: up to n permits whose slots lie within `horizon` seconds of now;
-#: returns {factor, offset_1, ..., offset_k} (seconds from now, as strings)
+#: returns {factor, now, offset_1, ..., offset_k} (the server's now in cluster seconds, the
+#: offsets in seconds from it; as strings)
 PERMITS = _SERVER_NOW + """
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
@@ -54,7 +55,7 @@ if low and hold then
 end
 local interval = 1 / (rate * factor)
 local tau = (burst - 1) * interval
-local out = {string.format('%.17g', factor)}
+local out = {string.format('%.17g', factor), string.format('%.17g', now)}
 for i = 1, n do
   local slot = tat - tau
   if slot < now then slot = now end
@@ -192,11 +193,12 @@ class RateAsk:
 
 @dataclass(frozen=True, slots=True)
 class Granted:
-    """Permits granted: slot offsets (seconds after the server's now) and the shared
-    back-off factor in force."""
+    """Permits granted: slot offsets (seconds after the server's now), the shared back-off
+    factor in force, and that server now (cluster seconds: the scripts' time base)."""
 
     factor: float
     offsets: tuple[float, ...]
+    server_now: float
 
 
 class Scripts:
@@ -223,7 +225,8 @@ class Scripts:
                 await self._permits(keys=[self.keys.rate(a.org_code)], args=[
                     a.rate, a.burst, a.n, a.horizon, self.speed, a.recovery], client=pipe)
             raw: list[Any] = await pipe.execute()
-        return [Granted(float(r[0]), tuple(float(x) for x in r[1:])) for r in raw]
+        return [Granted(float(r[0]), tuple(float(x) for x in r[2:]), float(r[1]))
+                for r in raw]
 
     async def throttle(self, org: str, *, factor: float, floor: float, hold: float,
                        gap: float, recovery: float) -> float:

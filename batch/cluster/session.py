@@ -28,7 +28,7 @@ from batch.cluster import registry
 from batch.cluster.allowance import SharedAllowance
 from batch.cluster.circuit import CircuitSettings, ProviderCircuit
 from batch.cluster.circuit_node import CircuitNode
-from batch.cluster.permits import SLICE, PermitStock
+from batch.cluster.permits import SLICE, PermitStock, ServerClock
 from batch.cluster.scripts import Keys, RateAsk, Scripts
 from batch.db.nodes import heartbeat
 from batch.errors import InputError, describe
@@ -107,6 +107,7 @@ class ClusterSession:
         self.scripts = Scripts(self._redis, keys=Keys(options.namespace), speed=self.speed)
         self._chains: dict[str, ProviderChain] = {}
         self._stocks: dict[str, PermitStock] = {}
+        self._server_clock = ServerClock()
         self.allowances: dict[str, SharedAllowance] = {}
         self._live = 1
         self._shared = True
@@ -257,6 +258,7 @@ class ClusterSession:
             "redis_fallback_seconds": round(self.fallback_seconds, 1),
             "permit_refusals": sum(s.refused for s in self._stocks.values()),
             "permit_waits": sum(s.waited for s in self._stocks.values()),
+            "late_slots": sum(c.limiter.late_slots for c in self._chains.values()),
             "dead_workers_reaped": self.reaped,
             "starts_taken_back": self.taken_back,
             **({"circuit": self.circuit.status()} if self.circuit is not None else {}),
@@ -345,6 +347,7 @@ class ClusterSession:
             return
         sent = self._clock.monotonic()
         got = await self.scripts.permits(asks)
-        at = (sent + self._clock.monotonic()) / 2  # about when the server read its TIME
+        # one steady offset onto the server's clock, not each round trip's own midpoint
+        offset = self._server_clock.sample(sent, self._clock.monotonic(), got[0].server_now)
         for ask, g in zip(asks, got, strict=True):
-            self._stocks[ask.org_code].add(g.offsets, at, g.factor)
+            self._stocks[ask.org_code].add(g.offsets, g.server_now - offset, g.factor)

@@ -151,11 +151,13 @@ class ProviderChain:
                 if wait == NO_PERMIT:
                     wait = await self._await_permit(now, deadline)
                     now = clock.monotonic()
+                slot_at = now
                 if wait:
                     if wait < 0.0:
                         refused = self._rej_limiter
                         break
-                    await clock.sleep_until(now + wait)
+                    slot_at = now + wait
+                    await clock.sleep_until(slot_at)
                     now = clock.monotonic()
                 # -- bulkhead: a permit, or refused after its maximum wait
                 if not bulkhead.try_acquire():
@@ -165,6 +167,9 @@ class ProviderChain:
                         refused = self._rej_bulkhead
                         break
                     now = clock.monotonic()
+                if now != slot_at and limiter.late(slot_at, now):
+                    bulkhead.release()  # a stall made this call miss its slot: the next one
+                    continue
                 # -- timeout(attempt)
                 try:
                     t = deadline - now

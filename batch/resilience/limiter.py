@@ -21,6 +21,11 @@ from batch.resilience.settings import LimiterSettings
 DECREASE_GAP = 1.0
 #: ``reserve``: no shared permit in stock (cluster mode); the chain waits for a refill
 NO_PERMIT = -2.0
+#: a call sent later than its slot by more than ``LATE_SHARE`` of the interval (and
+#: ``LATE_MIN`` seconds) gives the slot up and takes the next one: late calls sent at once
+#: after a stall of the event loop would bunch above the rate
+LATE_SHARE = 0.25
+LATE_MIN = 0.002
 _PAUSE_CODES = frozenset({"40301", "40302"})
 
 
@@ -43,8 +48,8 @@ class SharedPermits(Protocol):
 class RateLimiter:
     __slots__ = (
         "_emit", "_factor", "_hold_until", "_interval", "_last_decrease", "_low",
-        "_paused_until", "_share", "_tat", "_tau", "base_rate", "max_wait", "org_code",
-        "settings", "shared",
+        "_paused_until", "_share", "_tat", "_tau", "base_rate", "late_slots",
+        "late_tolerance", "max_wait", "org_code", "settings", "shared",
     )
 
     def __init__(self, settings: LimiterSettings, *, org_code: str = "",
@@ -63,6 +68,9 @@ class RateLimiter:
         self._interval = 0.0
         self._tau = 0.0
         self._share = 1.0
+        self.late_tolerance = LATE_MIN
+        #: calls that gave up a slot they reached too late (see :meth:`late`)
+        self.late_slots = 0
         #: cluster mode: the shared limit this local one stands in front of (None: local only)
         self.shared: SharedPermits | None = None
         self._set_factor(1.0)
@@ -88,6 +96,15 @@ class RateLimiter:
                 wait = slot - now
         self._tat = tat + self._interval
         return wait if wait > 0.0 else 0.0
+
+    def late(self, slot_at: float, now: float) -> bool:
+        """Is a call whose slot was ``slot_at`` too late to be sent at ``now``? Then the
+        slot is lost (counted in ``late_slots``) and the call reserves the next one: the
+        provider sees the calls spaced as reserved, never a stall's backlog at once."""
+        if now - slot_at <= self.late_tolerance:
+            return False
+        self.late_slots += 1
+        return True
 
     def set_share(self, share: float) -> None:
         """Run at ``share`` of the configured rate (cluster mode without its shared limit:
@@ -182,3 +199,4 @@ class RateLimiter:
         self._factor = f
         self._interval = 1.0 / (self.base_rate * f)
         self._tau = (self.settings.burst - 1) * self._interval
+        self.late_tolerance = max(LATE_MIN, LATE_SHARE * self._interval)

@@ -216,3 +216,39 @@ def test_a_bad_mydata_circuit_spec_names_its_field(spec: str, field: str) -> Non
     with pytest.raises(ConfigError) as err:
         CircuitSettings.from_spec(spec)
     assert err.value.field == field
+
+
+async def test_a_coordinator_without_redis_says_so_once_and_again_when_it_recovers(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+    import logging
+
+    from batch.clock import SystemClock
+    from batch.cluster.coordinator import Coordinator
+
+    class Store:  # Redis down for 5 ticks, then another worker holds the lease
+        settings = CircuitSettings(coordinator_interval=0.01, lease_ttl=1.0)
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def acquire(self, candidate: str) -> tuple[int, str]:
+            self.calls += 1
+            if self.calls <= 5:
+                raise ConnectionError("Error 111 connecting to 127.0.0.1:6390")
+            return 0, "7:other"
+
+    store = Store()
+    c = Coordinator(store, candidate_id="w1", clock=SystemClock())  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    caplog.set_level(logging.WARNING, logger="mydata.cluster")
+    task = asyncio.create_task(c.run(stop))
+    while c.ticks < 8:
+        c.ticked.clear()
+        await c.ticked.wait()
+    stop.set()
+    await task
+    actions = [getattr(r, "action", "") for r in caplog.records]
+    assert actions.count("coordinator_tick_failed") == 1
+    assert actions.count("coordinator_tick_recovered") == 1
+    assert c.failed_ticks == 5

@@ -11,7 +11,7 @@ import pytest
 
 from batch.clock import KST, FakeClock
 from batch.cluster.allowance import SharedAllowance
-from batch.cluster.permits import PermitStock
+from batch.cluster.permits import PermitStock, ServerClock
 from batch.cluster.processes import child_argv, merge_summaries, worst_exit
 from batch.cluster.scripts import Scripts
 from batch.cluster.session import ClusterOptions, ClusterSession
@@ -82,9 +82,9 @@ def test_a_stock_asks_for_its_share_or_its_demand_never_more_than_the_horizon() 
     s.add((0.0,) * 4, at=0.0)
     assert s.want(0.0, live=3) == 0  # stocked already
     for _ in range(4):
-        assert s.take(0.05) is not None
+        assert s.take(0.005) is not None  # within a quarter of the interval (8.3 ms)
     for _ in range(20):  # a burst of demand: refused, and asked for next time
-        s.take(0.05)
+        s.take(0.005)
     assert s.want(0.1, live=3) == 10  # capped at the horizon: 30 * 0.3 + burst
 
 
@@ -101,6 +101,33 @@ class _Shared:
 
     def throttled(self, now: float) -> None:
         self.throttles.append(now)
+
+
+def test_batches_from_slow_and_fast_round_trips_keep_the_servers_spacing() -> None:
+    # The server's clock runs 1000 s ahead of ours. Batch 1 comes back over a slow round
+    # trip (the server read its time early in it), batch 2 over a fast one. Anchored at
+    # each round trip's midpoint, batch 1 would land 40 ms late and bunch into batch 2.
+    sc = ServerClock()
+    assert sc.sample(sent=10.0, recv=10.002, server_now=1010.001) == pytest.approx(1000.0)
+    off = sc.sample(sent=10.100, recv=10.180, server_now=1010.101)  # read at 10.101
+    assert off == pytest.approx(1000.0)  # the fast sample still rules
+    assert sc.to_local(1010.101) == pytest.approx(10.101, abs=1e-3)
+    # a faster round trip refines it; an old best ages out of the window
+    assert sc.sample(10.2, 10.2005, 1010.20025) == pytest.approx(1000.0, abs=1e-6)
+    assert sc.rtt == pytest.approx(0.0005)
+    later = sc.sample(30.0, 30.010, 1030.005)
+    assert later == pytest.approx(1000.0) and sc.rtt == pytest.approx(0.010)
+
+
+def test_a_stepped_server_clock_restarts_the_offset_from_the_new_sample() -> None:
+    sc = ServerClock()
+    sc.sample(10.0, 10.001, 1010.0005)
+    # the server's clock jumped 2 s ahead: the old offset cannot be true any more
+    assert sc.sample(11.0, 11.030, 1013.015) == pytest.approx(1002.0, abs=1e-3)
+    with pytest.raises(ValueError):
+        ServerClock(window=0)
+    with pytest.raises(RuntimeError):
+        ServerClock().to_local(1.0)
 
 
 def test_the_local_limiter_waits_for_the_later_of_its_slot_and_the_shared_one() -> None:

@@ -195,3 +195,32 @@ async def test_an_attempt_that_declines_itself_is_not_counted_as_an_attempt() ->
     out = await drive(clock, c.call(Provider(clock, [FAULT, shutdown])))
     assert (out.kind, out.rsp_code, out.attempts) == (Kind.FAULT, "50001", 1)
     assert c.breaker.rates() == (1.0, 0.0, 1)  # only the real fault was recorded
+
+
+class _StallingClock(FakeClock):
+    """A fake clock whose next wake-up comes ``stall`` seconds late (a busy event loop)."""
+
+    stall = 0.0
+
+    async def sleep_until(self, deadline: float) -> None:
+        await super().sleep_until(deadline)
+        if self.stall:
+            self.advance(self.stall)
+            self.stall = 0.0
+
+
+async def test_a_call_that_wakes_too_late_for_its_slot_takes_the_next_one() -> None:
+    # 10 calls/s: a call may be a quarter of the 100 ms interval late, not 50 ms. Sent at
+    # once, the late call would go 50 ms after the one before the stall's backlog.
+    clock = _StallingClock()
+    c = chain(clock, limiter=LimiterSettings(calls_per_second=10, burst=1, max_wait=5))
+    provider = Provider(clock)
+    assert (await drive(clock, c.call(provider))).kind is Kind.SUCCESS
+    clock.stall = 0.05
+    assert (await drive(clock, c.call(provider))).kind is Kind.SUCCESS
+    assert provider.starts == pytest.approx([0.0, 0.2])
+    assert c.limiter.late_slots == 1
+    clock.stall = 0.02  # late within the tolerance: sent on its slot
+    assert (await drive(clock, c.call(provider))).kind is Kind.SUCCESS
+    assert provider.starts[-1] == pytest.approx(0.32)
+    assert c.limiter.late_slots == 1
