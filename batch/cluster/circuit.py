@@ -185,7 +185,8 @@ class Counts:
 def count_of(event: CallFinished, slow_call_duration: float) -> Counts | None:
     """What one finished call adds to its provider's counts; None for a neutral one (our
     refusals, consent and client problems, throttling), as for the local breaker. A call is
-    slow when its attempts took ``slow_call_duration`` or more on average."""
+    slow when its slowest attempt took ``slow_call_duration`` or more, as for the local
+    breaker: our own waits (a busy worker, a binding limit) never make a provider slow."""
     kind = event.outcome.kind
     if kind is Kind.SUCCESS:
         c = Counts(successes=1)
@@ -193,7 +194,7 @@ def count_of(event: CallFinished, slow_call_duration: float) -> Counts | None:
         c = Counts(failures=1)
     else:
         return None
-    if event.duration / max(1, event.attempts) >= slow_call_duration:
+    if event.slowest >= slow_call_duration:
         c = Counts(c.successes, c.failures, 1)
     return c
 

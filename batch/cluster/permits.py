@@ -36,8 +36,8 @@ class PermitStock:
 
     def __init__(self, org_code: str, *, rate: float, burst: int, horizon: float = 0.3,
                  stale_after: float | None = None) -> None:
-        if stale_after is None:  # as late as the limiter lets a call be (with the send's own)
-            stale_after = max(LATE_MIN, LATE_SHARE / rate) if rate > 0 else 0.0
+        if stale_after is None:  # half as late as the limiter lets a call be sent
+            stale_after = max(LATE_MIN, LATE_SHARE / rate) / 2 if rate > 0 else 0.0
         if rate <= 0 or burst < 1 or horizon <= 0 or stale_after < 0:
             raise ValueError("bad permit stock settings")
         self.org_code = org_code

@@ -64,6 +64,10 @@ class ClusterGate:
         self._clock = clock
         self._listeners = tuple(listeners)
         self._pacer = ProbePacer(view.settings.probe_interval)
+        #: at most one reservation asked of Redis per probe interval from this worker: the
+        #: calls of refreshes already under way when the provider opened are refused here,
+        #: not each with a round trip (hundreds at once would empty the connection pool)
+        self._asks = ProbePacer(view.settings.probe_interval)
         self.refused = 0
         self.probes_made = 0
         view.on_mode(self._on_mode)
@@ -77,8 +81,9 @@ class ClusterGate:
             return await self.chain.call(attempt, deadline=deadline)
         if state is CircuitState.FORCED_OPEN:
             return self._refuse(_REJ_FORCED)
-        if not self._view.is_probe_worker or not await self._view.reserve_probe(
-                self.org_code):
+        if (not self._view.is_probe_worker
+                or not self._asks.take(self._clock.monotonic())
+                or not await self._view.reserve_probe(self.org_code)):
             return self._refuse(_REJ_OPEN)
         self.probes_made += 1
         return await self.probes.call(attempt, deadline=deadline)

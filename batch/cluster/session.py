@@ -108,6 +108,7 @@ class ClusterSession:
         self._chains: dict[str, ProviderChain] = {}
         self._stocks: dict[str, PermitStock] = {}
         self._server_clock = ServerClock()
+        self._concurrency: dict[str, int] = {}  # the providers' max_concurrency
         self.allowances: dict[str, SharedAllowance] = {}
         self._live = 1
         self._shared = True
@@ -227,6 +228,14 @@ class ClusterSession:
         self._chains[chain.org_code] = chain
         self._stocks[chain.org_code] = stock
         chain.limiter.shared = stock
+        self._concurrency[chain.org_code] = chain.bulkhead.limit
+        self._apply_concurrency()
+
+    def _apply_concurrency(self) -> None:
+        """A provider's max_concurrency is the whole cluster's: each worker's bulkhead holds
+        its share over the live workers (at least 1), Redis or not."""
+        for org, chain in self._chains.items():
+            chain.bulkhead.set_limit(max(1, self._concurrency[org] // max(1, self._live)))
 
     async def start(self, node_id: int) -> None:
         self.node_id = node_id
@@ -271,6 +280,7 @@ class ClusterSession:
         n = max(1, len(live))
         if n != self._live:
             self._live = n
+            self._apply_concurrency()
             if not self._shared:
                 self._apply_local()
 

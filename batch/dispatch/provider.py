@@ -113,6 +113,7 @@ class ProviderDispatcher:
         breaker_open: Callable[[], bool] = lambda: False,
         breaker_state: Callable[[], str] = lambda: "closed",
         allowance: StartAllowance | None = None,
+        max_in_flight: Callable[[], int] | None = None,
     ) -> None:
         self.org_code = org_code
         self._store = store
@@ -131,6 +132,10 @@ class ProviderDispatcher:
         self._breaker_open = breaker_open
         self._breaker_state = breaker_state
         self._allowance = allowance
+        #: refreshes under way at most (a few times the provider's concurrency): more would
+        #: only queue at the bulkhead and be refused, each a claim and an outcome written
+        #: for nothing; the starts wait (carried to the next slices) instead
+        self._max_in_flight = max_in_flight
         self.stats = ProviderStats(org_code, day_quota=quota, attempted_before=attempted_before)
         self._queue: deque[work.Claim] = deque()
         self._marked = 0  # the queue's first claims already marked started
@@ -345,6 +350,10 @@ class ProviderDispatcher:
                     owed = 0
                     continue
                 while owed and self._queue:
+                    if (self._max_in_flight is not None
+                            and self.stats.in_flight >= self._max_in_flight()):
+                        self.stats.busy_slices += 1  # the provider is busy: later
+                        break
                     if not self._marked and not await self._marked_now(owed):
                         break
                     self._marked -= 1

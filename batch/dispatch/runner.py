@@ -73,6 +73,10 @@ log = logging.getLogger("mydata.run")
 EXIT_OK = 0
 EXIT_ATTENTION = 1  # work left undone or failures an operator must see
 EXIT_INTERRUPTED = 3
+#: refreshes under way per provider, per unit of its max_concurrency: a refresh spends part
+#: of its time between calls (the limiter, token checks), so twice the bulkhead keeps it
+#: full without a queue of calls that would wait there to be refused
+IN_FLIGHT_PER_SLOT = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,8 +297,16 @@ def build_pieces(inputs: RunInputs, plans: DayPlans, options: RunOptions, *,
             allowance=None if options.cluster is None else options.cluster.allowance(
                 p.org_code, day=today, quota=quota,
                 attempted_before=attempted_before.get(p.org_code, 0), run_id=options.run_id),
+            max_in_flight=_in_flight_cap(chain),
         ))
     return Pieces(store, writer, http, dispatchers, chains, obs, inputs.node_id)
+
+
+def _in_flight_cap(chain: ProviderChain) -> Callable[[], int]:
+    """Refreshes one provider may have under way: a few times its bulkhead's limit (which
+    cluster mode sets to this worker's share of the provider's concurrency)."""
+    bulkhead = chain.bulkhead
+    return lambda: IN_FLIGHT_PER_SLOT * bulkhead.limit
 
 
 def dump_tasks(stream: TextIO) -> None:

@@ -36,6 +36,8 @@ class ProviderStats:
     missed_slices: int = 0
     minutes: list[MinuteRecord] = field(default_factory=list)
     skipped_breaker_open: int = 0
+    #: slices whose starts waited: as many refreshes under way as the provider can take
+    busy_slices: int = 0
     claim_errors: int = 0
     first_start: float | None = None
     last_finish: float | None = None
@@ -96,5 +98,6 @@ class ProviderStats:
             "minutes": len(self.minutes),
             "planned_vs_started_error": round(err / planned_sum, 4) if planned_sum else 0.0,
             "skipped_breaker_open": self.skipped_breaker_open,
+            "busy_slices": self.busy_slices,
             "breaker": self.breaker_state,
         }

@@ -145,6 +145,10 @@ class RunCollector(Collector):
         yield counter("dispatch_skipped_breaker_open",
                       "Refreshes left due because the breaker was open.",
                       lambda d: d.stats.skipped_breaker_open)
+        yield counter("dispatch_busy_slices",
+                      "Slices whose starts waited: as many refreshes under way as the "
+                      "provider's concurrency allows.",
+                      lambda d: d.stats.busy_slices)
         yield counter("dispatch_dead_lettered", "Consents sent to the dead-letter queue.",
                       lambda d: d.stats.dead_lettered)
         actions = CounterMetricFamily(P + "dispatch_refreshes",

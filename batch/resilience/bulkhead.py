@@ -58,14 +58,30 @@ class Bulkhead:
         return True
 
     def release(self) -> None:
-        """Give a permit back, to the first live waiter if any."""
+        """Give a permit back, to the first live waiter if any (none while more are in use
+        than a lowered limit allows)."""
+        if self.in_use <= self.limit:
+            waiters = self._waiters
+            while waiters:
+                fut = waiters.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+                    return
+        self.in_use -= 1
+
+    def set_limit(self, limit: int) -> None:
+        """A new limit (cluster mode: the provider's concurrency over the live workers).
+        Raised, it lets waiters in at once; lowered, calls in flight finish and no new one
+        starts until fewer than the limit are in use."""
+        if limit < 1:
+            raise ValueError("a bulkhead limit must be at least 1")
+        self.limit = limit
         waiters = self._waiters
-        while waiters:
+        while waiters and self.in_use < limit:
             fut = waiters.popleft()
             if not fut.done():
+                self.in_use += 1
                 fut.set_result(None)
-                return
-        self.in_use -= 1
 
     def _drop(self, fut: asyncio.Future[None]) -> None:
         fut.cancel()

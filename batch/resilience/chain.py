@@ -139,6 +139,7 @@ class ProviderChain:
         slowest = 0.0
         out: Outcome | None = None
         refused: Outcome | None = None
+        late = False
         try:
             while True:
                 # -- rate limiter: a slot, or refused if it is too far off
@@ -167,8 +168,11 @@ class ProviderChain:
                         refused = self._rej_bulkhead
                         break
                     now = clock.monotonic()
-                if now != slot_at and limiter.late(slot_at, now):
-                    bulkhead.release()  # a stall made this call miss its slot: the next one
+                if now != slot_at and not late and limiter.late(slot_at, now):
+                    # a stall made this call miss its slot: the next one (once: a worker
+                    # that is always late would otherwise spend every slot missing it)
+                    late = True
+                    bulkhead.release()
                     continue
                 # -- timeout(attempt)
                 try:
@@ -222,7 +226,8 @@ class ProviderChain:
             out = out.with_(attempts=attempts)
         breaker.record(out, slowest, now, permit, out.tran_id)
         if self._emit.active:
-            self._emit(CallFinished(self.org_code, out.tran_id, out, attempts, now - started))
+            self._emit(CallFinished(self.org_code, out.tran_id, out, attempts, now - started,
+                                    slowest))
         return out
 
     async def _retry_wait(self, out: Outcome, attempts: int, permit: int, now: float,

@@ -63,13 +63,16 @@ class Rejected:
 
 @dataclass(frozen=True, slots=True)
 class CallFinished:
-    """A logical call ended with ``outcome`` after ``attempts`` attempts."""
+    """A logical call ended with ``outcome`` after ``attempts`` attempts. ``duration`` is
+    the whole call, our own waits (limiter, bulkhead, backoff) included; ``slowest`` its
+    longest attempt: the provider's time, what a slow call is judged on."""
 
     org_code: str
     tran_id: str | None
     outcome: Outcome
     attempts: int
     duration: float
+    slowest: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

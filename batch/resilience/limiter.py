@@ -21,11 +21,14 @@ from batch.resilience.settings import LimiterSettings
 DECREASE_GAP = 1.0
 #: ``reserve``: no shared permit in stock (cluster mode); the chain waits for a refill
 NO_PERMIT = -2.0
-#: a call sent later than its slot by more than ``LATE_SHARE`` of the interval (and
-#: ``LATE_MIN`` seconds) gives the slot up and takes the next one: late calls sent at once
-#: after a stall of the event loop would bunch above the rate
-LATE_SHARE = 0.25
-LATE_MIN = 0.002
+#: a call sent later than its slot by more than ``LATE_SHARE`` of the interval (and at
+#: least ``LATE_MIN`` seconds) gives the slot up and takes the next one, once: late calls
+#: sent at once after a stall of the event loop would bunch above the rate. Calls within an
+#: interval of their slots keep any 1-second window within the rate plus the burst; above
+#: 1 / (2 * LATE_MIN) calls/s (100/s) a call may be LATE_MIN late: at most rate * LATE_MIN
+#: more calls in a second (0.5 %), what an event loop's timers can hold.
+LATE_SHARE = 0.5
+LATE_MIN = 0.005
 _PAUSE_CODES = frozenset({"40301", "40302"})
 
 

@@ -151,13 +151,17 @@ def test_changed_is_a_state_move_not_a_new_rate() -> None:
 
 
 def test_count_of_a_call_follows_the_local_breakers_neutral_kinds() -> None:
-    def ev(kind: Kind, duration: float = 0.1, attempts: int = 1) -> CallFinished:
-        return CallFinished(ORG, None, Outcome(kind), attempts, duration)
+    def ev(kind: Kind, slowest: float = 0.1, attempts: int = 1, duration: float = 0.0
+           ) -> CallFinished:
+        return CallFinished(ORG, None, Outcome(kind), attempts, max(duration, slowest),
+                            slowest)
 
     assert count_of(ev(Kind.SUCCESS), 5.0) == Counts(1, 0, 0)
     assert count_of(ev(Kind.FAULT), 5.0) == Counts(0, 1, 0)
     assert count_of(ev(Kind.TIMEOUT, 6.0), 5.0) == Counts(0, 1, 1)
-    assert count_of(ev(Kind.SUCCESS, 9.0, attempts=2), 5.0) == Counts(1, 0, 0)  # 4.5 s each
+    assert count_of(ev(Kind.SUCCESS, 4.5, attempts=2, duration=9.0), 5.0) == Counts(1, 0, 0)
+    # 8 s spent waiting for our own limiter, 0.2 s at the provider: not a slow provider
+    assert count_of(ev(Kind.SUCCESS, 0.2, duration=8.2), 5.0) == Counts(1, 0, 0)
     for kind in (Kind.THROTTLED, Kind.CONSENT, Kind.CLIENT):
         assert count_of(ev(kind), 5.0) is None
     assert count_of(CallFinished(ORG, None, rejected(Layer.BREAKER), 0, 0.0), 5.0) is None

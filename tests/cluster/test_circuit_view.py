@@ -164,6 +164,26 @@ async def test_probe_worker_calls_once_per_reservation_and_never_retries() -> No
     assert not gate.breaker_open()
 
 
+async def test_probe_worker_asks_redis_once_per_probe_interval_not_per_call() -> None:
+    # 200 calls of refreshes under way when the provider opened: one reservation asked,
+    # not 200 round trips at once (they emptied the worker's Redis connection pool)
+    clock, store, view = make(probe=True)
+    gate = ClusterGate(chain(clock), view, clock=clock)
+    store.states[ORG] = open_state()
+    await view.refresh()
+    store.reservations = [False] * 300
+
+    async def attempt(t: float) -> Outcome:
+        raise AssertionError("no reservation was granted")
+
+    outs = [await gate.call(attempt) for _ in range(200)]
+    assert {o.detail for o in outs} == {"cluster circuit open"}
+    assert len(store.reservations) == 299
+    clock.advance(1.0)  # the next probe interval: one more ask
+    await gate.call(attempt)
+    assert len(store.reservations) == 298
+
+
 async def test_forced_open_is_not_probed() -> None:
     clock, store, view = make(probe=True)
     gate = ClusterGate(chain(clock), view, clock=clock)

@@ -198,6 +198,29 @@ def test_redis_lost_each_limiter_runs_alone_at_its_rate_over_the_live_workers(
     assert rep["shared_limit"] == "shared"
 
 
+async def test_each_worker_holds_its_share_of_a_providers_concurrency(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from batch.cluster import registry
+
+    clock = FakeClock(datetime(2026, 11, 30, tzinfo=UTC))
+    s, bank, _ = _session(clock)
+    assert bank.bulkhead.limit == 20  # one worker: the provider's max_concurrency
+    live = ["w1", "w2", "w3"]
+
+    async def workers(engine: object, *, now: datetime) -> list[str]:
+        return live
+
+    monkeypatch.setattr(registry, "live_workers", workers)
+    await s._refresh_live()
+    assert bank.bulkhead.limit == 6  # 3 workers x 6 <= 20 in flight at the provider
+    live = ["w1"] * 40
+    await s._refresh_live()
+    assert bank.bulkhead.limit == 1  # never none
+    live = ["w1", "w2"]
+    await s._refresh_live()
+    assert bank.bulkhead.limit == 10
+
+
 # -- the allowance without Redis -----------------------------------------------------------
 
 

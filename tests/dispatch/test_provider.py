@@ -25,6 +25,7 @@ OK = Outcome(Kind.SUCCESS, "00000", 200)
 def _setup(n_consents: int, minutes: dict[int, int], *, quota: int | None = None,
            refresh: object = None, breaker_open: object = None,
            start: datetime | None = None, store: MemoryWorkStore | None = None,
+           max_in_flight: int | None = None,
            ) -> tuple[FakeClock, MemoryWorkStore,
                                                    ProviderDispatcher, OutcomeWriter,
                                                    list[tuple[float, int]]]:
@@ -44,6 +45,7 @@ def _setup(n_consents: int, minutes: dict[int, int], *, quota: int | None = None
         day=DAY, week=WEEK, quota=sum(minutes.values()) if quota is None else quota,
         minutes=minutes, per_minute_cap=100_000,
         breaker_open=breaker_open or (lambda: False),  # type: ignore[arg-type]
+        max_in_flight=None if max_in_flight is None else (lambda: max_in_flight),
     )
     return clock, store, d, writer, starts
 
@@ -89,6 +91,32 @@ async def test_a_slow_refresh_never_delays_the_next_tick() -> None:
     await _run(clock, d, writer, 150)
     assert d.stats.missed_slices == 0 and max(d.stats.lateness) < 1e-9
     assert d.stats.succeeded == 120
+
+
+async def test_starts_wait_while_as_many_refreshes_as_the_provider_takes_are_under_way(
+) -> None:
+    # 10 a second planned, each refresh takes 2 s, at most 5 under way: 2.5 a second start,
+    # the rest wait in the queue (no refusal, no claim and outcome written for nothing)
+    clock = None
+    running = peak = 0
+
+    async def slow(claim: Claim, not_after: float | None) -> RefreshResult:
+        nonlocal running, peak
+        assert clock is not None
+        running += 1
+        peak = max(peak, running)
+        await clock.sleep(2)
+        running -= 1
+        return RefreshResult(OK, calls=1)
+
+    clock, store, d, writer, _ = _setup(600, {60: 600}, refresh=slow, max_in_flight=5)
+    await _run(clock, d, writer, 130)
+    s = d.stats.summary()
+    assert peak == 5
+    assert 120 <= s["succeeded"] <= 130 and s["not_attempted"] == 0  # 50 s: finish margin
+    assert s["busy_slices"] > 0
+    left = [c for c in store.consents.values() if c.due_week == WEEK]
+    assert len(left) == 600 - s["succeeded"] and {c.lease_owner for c in left} == {None}
 
 
 async def test_a_short_minute_is_made_up_in_the_following_minutes() -> None:

@@ -96,3 +96,27 @@ async def test_cancelling_a_call_in_flight_frees_its_bulkhead_permit() -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert c.bulkhead.in_use == 0
+
+
+async def test_a_lowered_limit_lets_calls_finish_and_a_raised_one_lets_waiters_in() -> None:
+    b = Bulkhead(4)
+    assert all(b.try_acquire() for _ in range(4))
+    b.set_limit(2)  # four in flight, two allowed: nobody new until fewer than two
+    clock = FakeClock()
+    waiter = asyncio.create_task(b.acquire(clock, 60.0))
+    await asyncio.sleep(0)
+    b.release()
+    b.release()
+    await asyncio.sleep(0)
+    assert not waiter.done() and b.in_use == 2
+    b.release()  # one in use now: the waiter gets the freed permit
+    await asyncio.sleep(0)
+    assert waiter.done() and b.in_use == 2
+    more = [asyncio.create_task(b.acquire(clock, 60.0)) for _ in range(3)]
+    await asyncio.sleep(0)
+    b.set_limit(4)  # raised: two of the three waiters in at once
+    await asyncio.sleep(0)
+    assert [t.done() for t in more] == [True, True, False] and b.in_use == 4
+    b.set_limit(5)
+    await asyncio.sleep(0)
+    assert more[2].done() and b.in_use == 5
