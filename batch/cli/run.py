@@ -167,7 +167,7 @@ async def _cluster_wide(engine: AsyncEngine, summary: RunSummary, report: dict[s
     from batch.dispatch.runner import record
 
     out = await seen_cluster_wide(engine, summary, day=_date.fromisoformat(summary.date),
-                                  me=worker, report=report)
+                                  me=worker, report=report, now=clock.now())
     await record(engine, out, clock=clock)
     return out
 

@@ -9,7 +9,7 @@ hands, not deferred), and re-judges its status and exit code from that.
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import date
+from datetime import date, datetime
 from typing import Any
 
 from sqlalchemy import func, literal, select, union_all
@@ -46,16 +46,25 @@ async def tally(engine: AsyncEngine, *, day: date, me: str
 
 
 def cluster_view(summary: RunSummary, *, attempted: dict[str, int], held: dict[str, int],
-                 report: dict[str, Any]) -> RunSummary:
+                 report: dict[str, Any], others_live: int = 0) -> RunSummary:
     """``summary`` with each provider's ``deferred`` counted cluster-wide, its ``cluster``
-    report, and the status and exit code judged again (pure)."""
+    report, and the status and exit code judged again (pure).
+
+    With ``others_live`` workers still running (this one is marked stopped already), what
+    nobody holds and nobody attempted is theirs to claim (a dead worker's claims just come
+    back, say): counted ``left_to_live_workers``, not deferred. The last worker to stop
+    sees none live and judges the day; two stopping at once both judge it."""
     provs: list[ProviderSummary] = []
     for p in summary.providers:
         left = max(0, p.counters["planned"] - attempted.get(p.org_code, 0)
                    - held.get(p.org_code, 0))
         deferred = min(p.counters["deferred"], left)
+        rep = report
+        if others_live and deferred:
+            rep = {**report, "left_to_live_workers": deferred, "others_live": others_live}
+            deferred = 0
         provs.append(replace(p, counters={**p.counters, "deferred": deferred},
-                             extra={**p.extra, "cluster": report}))
+                             extra={**p.extra, "cluster": rep}))
     attention = any(p.attention for p in provs) or not summary.outcomes_persisted
     if summary.exit_code == EXIT_INTERRUPTED or summary.status in ("interrupted", "failed"):
         return replace(summary, providers=tuple(provs))
@@ -65,6 +74,10 @@ def cluster_view(summary: RunSummary, *, attempted: dict[str, int], held: dict[s
 
 
 async def seen_cluster_wide(engine: AsyncEngine, summary: RunSummary, *, day: date,
-                            me: str, report: dict[str, Any]) -> RunSummary:
+                            me: str, report: dict[str, Any], now: datetime) -> RunSummary:
+    from batch.cluster.registry import live_workers
+
     attempted, held = await tally(engine, day=day, me=me)
-    return cluster_view(summary, attempted=attempted, held=held, report=report)
+    others = [w for w in await live_workers(engine, now=now) if w.worker_id != me]
+    return cluster_view(summary, attempted=attempted, held=held, report=report,
+                        others_live=len(others))

@@ -1,13 +1,13 @@
 """Cluster mode: 1, 2 and 4 workers (`run --redis`) against the simulator at 50 ms median
 latency, on one PostgreSQL and a private Redis.
 
-Run: ``pytest -q -s tests/bench/test_cluster_scaling.py`` (about 4 minutes). Two cases:
+Run: ``pytest -q -s tests/bench/test_cluster_scaling.py`` (about 6 minutes). The cases:
 
 - limits not binding (2000 calls/s per provider): total calls/s of the cluster; the goal is
   2 workers >= 1.8x one worker;
-- limits binding (40 calls/s per provider, more work than the window holds): the peak
-  per-provider rate the simulator saw in any 1-second window; the goal is within 2% of the
-  limit.
+- limits binding (40 and 100 calls/s per provider, more work than the window holds): the
+  peak per-provider rate the simulator saw in any 1-second window; the goal is within 2% of
+  the limit (at 40/s one call is 2.5 %: the limit plus its burst of 1 is what holds there).
 
 Each configuration runs the last ``BENCH_SECONDS`` (default 30) of a window, real time.
 The machine's load average is printed beside the figures (it is shared).
@@ -89,9 +89,11 @@ def _one(pg_url: str, tmp_path: Path, workers: int, cps: int, per_provider: int
             "violations": sum(p["violations"]["rate"] for p in stats["providers"].values())}
 
 
-@pytest.mark.parametrize("case", ["free", "binding"])
+@pytest.mark.parametrize("case", ["free", "binding", "binding-100"])
 def test_cluster_scaling(tmp_path: Path, case: str) -> None:
-    cps, per = (2000, 40000) if case == "free" else (40, 6000)
+    # at 40/s one call is 2.5 % of the limit: 100/s is where "within 2 %" can be read
+    cps, per = {"free": (2000, 40000), "binding": (40, 6000),
+                "binding-100": (100, 12000)}[case]
     rows = {}
     for n in (1, 2, 4):
         with _fresh_db() as db:
@@ -113,7 +115,7 @@ def test_cluster_scaling(tmp_path: Path, case: str) -> None:
     else:
         worst = max(r["peak"] for r in rows.values())
         print(f"worst 1-second peak: {worst}/s = {100 * (worst / cps - 1):+.1f}% of the limit "
-              "(goal within 2%)")
+              f"(goal within 2%; the limit plus its burst of 1 is {cps + 1})")
     assert all(r["calls"] > 0 for r in rows.values())
 
 

@@ -324,6 +324,12 @@ def test_deferred_is_judged_cluster_wide_at_a_workers_end() -> None:
     short = cluster_view(s, attempted={"BANK000001": 90}, held={}, report={})
     assert short.provider("BANK000001").counters["deferred"] == 10
     assert (short.exit_code, short.status) == (1, "incomplete")
+    # two workers still running: the 10 nobody holds (a dead worker's claims just came
+    # back) are theirs to claim; the last worker to stop judges the day
+    theirs = cluster_view(s, attempted={"BANK000001": 90}, held={}, report={}, others_live=2)
+    p = theirs.provider("BANK000001")
+    assert p.counters["deferred"] == 0 and (theirs.exit_code, theirs.status) == (0, "done")
+    assert p.extra["cluster"] == {"left_to_live_workers": 10, "others_live": 2}
 
 
 def test_scripts_refuse_a_bad_speed() -> None:
