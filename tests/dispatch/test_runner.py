@@ -284,3 +284,25 @@ async def test_a_run_whose_week_plan_cannot_place_consents_needs_attention(
     assert (res.exit_code, res.summary.status) == (1, "incomplete")
     from batch.dispatch.summary import format_summary
     assert "cannot place (they miss their week): BANK000000 12" in format_summary(res.summary)
+
+
+def test_the_heap_made_before_dispatching_is_frozen_and_thawed_after() -> None:
+    import gc
+
+    from batch.dispatch import runner
+
+    before = gc.get_threshold()
+    old = runner._freeze_heap()
+    try:
+        assert old == before
+        assert gc.get_freeze_count() > 0  # the setup's objects: out of every collection
+        assert gc.get_threshold()[0] == max(before[0], runner.GC_YOUNG)
+        assert runner._freeze_heap() is None  # frozen already: nothing changed twice
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+    gc.disable()
+    try:
+        assert runner._freeze_heap() is None  # the embedding program manages the collector
+    finally:
+        gc.enable()
