@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from dataclasses import replace
@@ -169,6 +170,16 @@ async def _cluster_wide(engine: AsyncEngine, summary: RunSummary, report: dict[s
     out = await seen_cluster_wide(engine, summary, day=_date.fromisoformat(summary.date),
                                   me=worker, report=report, now=clock.now())
     await record(engine, out, clock=clock)
+    # the step_record line before this one judged the worker alone; this is the verdict
+    left = {p.org_code: p.extra["cluster"]["left_to_live_workers"] for p in out.providers
+            if isinstance(p.extra.get("cluster"), dict)
+            and p.extra["cluster"].get("left_to_live_workers")}
+    logging.getLogger("mydata.run").info(
+        "judged cluster-wide: %s", out.status, extra={
+            "action": "step_cluster_judged", "run_id": out.run_id, "status": out.status,
+            "exit_code": out.exit_code,
+            "deferred": sum(p.counters["deferred"] for p in out.providers),
+            **({"left_to_live_workers": left} if left else {})})
     return out
 
 
