@@ -173,15 +173,12 @@ class ServerClock:
         return best[0][2]
 
     @property
-    def offset(self) -> float | None:
-        return self._best[0][2] if self._best else None
-
-    @property
     def rtt(self) -> float | None:
         """The fastest round trip in the window (the offset's uncertainty is half of it)."""
         return self._best[0][1] if self._best else None
 
     def to_local(self, server_t: float) -> float:
+        """A time on the server's clock, on this worker's (by the offset in force)."""
         best = self._best
         if not best:
             raise RuntimeError("no sample yet")

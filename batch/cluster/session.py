@@ -229,13 +229,13 @@ class ClusterSession:
         self._stocks[chain.org_code] = stock
         chain.limiter.shared = stock
         self._concurrency[chain.org_code] = chain.bulkhead.limit
-        self._apply_concurrency()
+        self._share_concurrency(chain)
 
-    def _apply_concurrency(self) -> None:
+    def _share_concurrency(self, chain: ProviderChain) -> None:
         """A provider's max_concurrency is the whole cluster's: each worker's bulkhead holds
         its share over the live workers (at least 1), Redis or not."""
-        for org, chain in self._chains.items():
-            chain.bulkhead.set_limit(max(1, self._concurrency[org] // max(1, self._live)))
+        chain.bulkhead.set_limit(
+            max(1, self._concurrency[chain.org_code] // max(1, self._live)))
 
     async def start(self, node_id: int) -> None:
         self.node_id = node_id
@@ -280,7 +280,8 @@ class ClusterSession:
         n = max(1, len(live))
         if n != self._live:
             self._live = n
-            self._apply_concurrency()
+            for chain in self._chains.values():
+                self._share_concurrency(chain)
             if not self._shared:
                 self._apply_local()
 
@@ -358,6 +359,7 @@ class ClusterSession:
         sent = self._clock.monotonic()
         got = await self.scripts.permits(asks)
         # one steady offset onto the server's clock, not each round trip's own midpoint
-        offset = self._server_clock.sample(sent, self._clock.monotonic(), got[0].server_now)
+        server = self._server_clock
+        server.sample(sent, self._clock.monotonic(), got[0].server_now)
         for ask, g in zip(asks, got, strict=True):
-            self._stocks[ask.org_code].add(g.offsets, g.server_now - offset, g.factor)
+            self._stocks[ask.org_code].add(g.offsets, server.to_local(g.server_now), g.factor)

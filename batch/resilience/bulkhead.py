@@ -60,13 +60,8 @@ class Bulkhead:
     def release(self) -> None:
         """Give a permit back, to the first live waiter if any (none while more are in use
         than a lowered limit allows)."""
-        if self.in_use <= self.limit:
-            waiters = self._waiters
-            while waiters:
-                fut = waiters.popleft()
-                if not fut.done():
-                    fut.set_result(None)
-                    return
+        if self.in_use <= self.limit and self._wake_first():
+            return  # the permit went straight to that waiter
         self.in_use -= 1
 
     def set_limit(self, limit: int) -> None:
@@ -76,12 +71,18 @@ class Bulkhead:
         if limit < 1:
             raise ValueError("a bulkhead limit must be at least 1")
         self.limit = limit
+        while self.in_use < limit and self._wake_first():
+            self.in_use += 1
+
+    def _wake_first(self) -> bool:
+        """Hand a permit to the first waiter still waiting; False if there is none."""
         waiters = self._waiters
-        while waiters and self.in_use < limit:
+        while waiters:
             fut = waiters.popleft()
             if not fut.done():
-                self.in_use += 1
                 fut.set_result(None)
+                return True
+        return False
 
     def _drop(self, fut: asyncio.Future[None]) -> None:
         fut.cancel()
