@@ -49,6 +49,10 @@ if TYPE_CHECKING:
               default=None, metavar="FILE.prom",
               help="Write the metrics to FILE.prom (node exporter textfile collector format), "
                    "atomically, every minute and at the end.")
+@click.option("--concurrency", type=click.IntRange(1, 10000), default=None, metavar="N",
+              help="At most N calls in flight to any one provider from this worker (default: "
+                   "the provider's max_concurrency; in cluster mode this worker's share of "
+                   "it over the live workers, whichever is lower).")
 @click.option("--processes", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Cluster mode (--redis): start N worker processes on this machine under "
                    "one parent, which forwards SIGTERM/SIGINT and merges their summaries.")
@@ -64,7 +68,8 @@ if TYPE_CHECKING:
 def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ...],
             as_json: bool, lease_seconds: int, grace_seconds: float, progress: str,
             worker_id: str | None, page_limit: int, log_level: str,
-            metrics_port: int | None, metrics_textfile: Path | None, processes: int,
+            metrics_port: int | None, metrics_textfile: Path | None,
+            concurrency: int | None, processes: int,
             heartbeat_seconds: float, dead_after_seconds: float,
             cluster_namespace: str) -> None:
     """Run today's plan inside the providers' windows, then print the summary.
@@ -100,7 +105,7 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
     options = RunOptions(
         window_override=tuple(windows) or None, only=tuple(only),
         lease=timedelta(seconds=lease_seconds), grace_seconds=grace_seconds,
-        progress=progress, page_limit=page_limit,
+        progress=progress, page_limit=page_limit, concurrency=concurrency,
         observe=ObserveOptions(metrics_port=metrics_port, metrics_textfile=metrics_textfile),
         **kwargs,  # type: ignore[arg-type]
     )

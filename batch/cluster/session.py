@@ -32,6 +32,7 @@ from batch.cluster.permits import SLICE, PermitStock, ServerClock
 from batch.cluster.scripts import Keys, RateAsk, Scripts
 from batch.db.nodes import heartbeat
 from batch.errors import InputError, describe
+from batch.resilience.bulkhead import worker_share
 from batch.resilience.chain import ProviderChain
 from batch.resilience.limiter import DECREASE_GAP
 
@@ -109,6 +110,7 @@ class ClusterSession:
         self._stocks: dict[str, PermitStock] = {}
         self._server_clock = ServerClock()
         self._concurrency: dict[str, int] = {}  # the providers' max_concurrency
+        self._caps: dict[str, int | None] = {}  # this worker's own cap (run --concurrency)
         self.allowances: dict[str, SharedAllowance] = {}
         self._live = 1
         self._shared = True
@@ -221,7 +223,9 @@ class ClusterSession:
                                    speed=speed)
         return self.circuit
 
-    def attach(self, chain: ProviderChain) -> None:
+    def attach(self, chain: ProviderChain, *, cap: int | None = None) -> None:
+        """Put ``chain``'s limiter behind the shared permits and its bulkhead on this
+        worker's share of the provider's concurrency (at most ``cap``, run --concurrency)."""
         st = chain.limiter.settings
         stock = PermitStock(chain.org_code, rate=st.calls_per_second, burst=st.burst,
                             horizon=self.options.horizon)
@@ -229,13 +233,15 @@ class ClusterSession:
         self._stocks[chain.org_code] = stock
         chain.limiter.shared = stock
         self._concurrency[chain.org_code] = chain.bulkhead.limit
+        self._caps[chain.org_code] = cap
         self._share_concurrency(chain)
 
     def _share_concurrency(self, chain: ProviderChain) -> None:
         """A provider's max_concurrency is the whole cluster's: each worker's bulkhead holds
-        its share over the live workers (at least 1), Redis or not."""
-        chain.bulkhead.set_limit(
-            max(1, self._concurrency[chain.org_code] // max(1, self._live)))
+        its share over the live workers, Redis or not (worker_share)."""
+        org = chain.org_code
+        chain.bulkhead.set_limit(worker_share(self._concurrency[org], self._live,
+                                              self._caps.get(org)))
 
     async def start(self, node_id: int) -> None:
         self.node_id = node_id

@@ -59,6 +59,7 @@ from batch.planner import (
     unplaceable_this_week,
 )
 from batch.resilience.breaker import State
+from batch.resilience.bulkhead import worker_share
 from batch.resilience.chain import ProviderChain
 from batch.resilience.settings import ChainSettings
 from batch.tranid import TranIdGenerator
@@ -95,6 +96,9 @@ class RunOptions:
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     max_connections: int = 200
+    #: at most this many calls in flight to any one provider from this worker (None: the
+    #: provider's max_concurrency, in cluster mode this worker's share of it)
+    concurrency: int | None = None
     page_limit: int = 500
     observe: ObserveOptions = field(default_factory=ObserveOptions)
     #: cluster mode (``--redis``): the shared plan, limits and worker registry
@@ -105,6 +109,8 @@ class RunOptions:
             raise ValueError("grace_seconds must be >= 0")
         if self.progress not in ("auto", "tty", "log", "none"):
             raise ValueError("progress must be auto, tty, log or none")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +287,9 @@ def build_pieces(inputs: RunInputs, plans: DayPlans, options: RunOptions, *,
                               else (*obs.listeners, node.feed))
         chains[p.org_code] = chain
         if options.cluster is not None:  # cluster mode: the shared limit behind the local
-            options.cluster.attach(chain)
+            options.cluster.attach(chain, cap=options.concurrency)
+        elif options.concurrency is not None:
+            chain.bulkhead.set_limit(worker_share(chain.bulkhead.limit, 1, options.concurrency))
         gate: CallChain = chain if node is None else node.gate(chain, listeners=obs.listeners)
         client = MydataClient(p, http=http, chain=gate, tran_ids=tran_ids, clock=clock,
                               page_limit=options.page_limit)

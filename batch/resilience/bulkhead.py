@@ -88,3 +88,13 @@ class Bulkhead:
         fut.cancel()
         with contextlib.suppress(ValueError):
             self._waiters.remove(fut)
+
+
+def worker_share(max_concurrency: int, live: int, cap: int | None = None) -> int:
+    """Calls one worker may have in flight to a provider: its share of the provider's
+    ``max_concurrency`` over the ``live`` workers (at least 1), and never more than the
+    worker's own ``cap`` (``run --concurrency``: what one machine is sized for). With the cap
+    below the share, the provider's limit does not bind and each worker added brings its
+    cap's worth of calls."""
+    share = max(1, max_concurrency // max(1, live))
+    return share if cap is None else max(1, min(share, cap))

@@ -17,6 +17,7 @@ from batch.cluster.scripts import Scripts
 from batch.cluster.session import ClusterOptions, ClusterSession
 from batch.cluster.view import cluster_view
 from batch.dispatch.summary import COUNTERS, ProviderSummary, RunSummary
+from batch.resilience.bulkhead import worker_share
 from batch.resilience.chain import ProviderChain
 from batch.resilience.limiter import NO_PERMIT, RateLimiter
 from batch.resilience.outcomes import Kind, Outcome
@@ -160,14 +161,15 @@ def test_a_42902_lowers_the_shared_rate_too_and_a_share_divides_the_local_one() 
 # -- the session's fall-back (FakeClock) ---------------------------------------------------
 
 
-def _session(clock: FakeClock) -> tuple[ClusterSession, ProviderChain, ProviderChain]:
+def _session(clock: FakeClock, cap: int | None = None
+             ) -> tuple[ClusterSession, ProviderChain, ProviderChain]:
     s = ClusterSession(engine=None, clock=clock,  # type: ignore[arg-type]
                        options=ClusterOptions("redis://127.0.0.1:1/0"))
     chains = []
     for org, cps in (("BANK000001", 30.0), ("CARD000001", 9.0)):
         c = ProviderChain(org, ChainSettings(limiter=LimiterSettings(calls_per_second=cps)),
                           clock=clock)
-        s.attach(c)
+        s.attach(c, cap=cap)
         chains.append(c)
     return s, chains[0], chains[1]
 
@@ -219,6 +221,35 @@ async def test_each_worker_holds_its_share_of_a_providers_concurrency(
     live = ["w1", "w2"]
     await s._refresh_live()
     assert bank.bulkhead.limit == 10
+
+
+async def test_a_workers_own_cap_bounds_its_share_and_the_share_bounds_the_cap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from batch.cluster import registry
+
+    clock = FakeClock(datetime(2026, 11, 30, tzinfo=UTC))
+    s, bank, _ = _session(clock, cap=8)  # run --concurrency 8
+    assert bank.bulkhead.limit == 8  # one worker: 20 allowed, 8 is what it is sized for
+    live = ["w1", "w2"]
+
+    async def workers(engine: object, *, now: datetime) -> list[str]:
+        return live
+
+    monkeypatch.setattr(registry, "live_workers", workers)
+    await s._refresh_live()
+    assert bank.bulkhead.limit == 8  # 2 x 8 <= 20: the cap still binds, not the provider
+    live = ["w1", "w2", "w3"]
+    await s._refresh_live()
+    assert bank.bulkhead.limit == 6  # 3 x 8 > 20: the provider's share binds
+
+
+def test_worker_share_is_the_lower_of_the_share_and_the_cap_and_never_zero() -> None:
+    assert worker_share(20, 1) == 20
+    assert worker_share(20, 3) == 6
+    assert worker_share(20, 40) == 1
+    assert worker_share(20, 1, cap=8) == 8
+    assert worker_share(20, 4, cap=8) == 5
+    assert worker_share(20, 0, cap=50) == 20  # no live worker seen yet: counted as one
 
 
 # -- the allowance without Redis -----------------------------------------------------------

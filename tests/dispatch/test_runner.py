@@ -211,6 +211,27 @@ async def test_build_gives_each_dispatcher_only_minutes_inside_its_current_windo
         await pieces.http.aclose()
 
 
+async def test_concurrency_caps_each_providers_bulkhead_below_its_max_concurrency(
+    engine: AsyncEngine,
+) -> None:
+    await _saved_plan(engine, '["0000:0600"]', when=AFTER_WINDOW)
+    clock = FakeClock(AFTER_WINDOW)
+    inputs = await read_inputs(engine, cipher=CIPHER, clock=clock, options=_options())
+    plans = await ensure_plan(engine, inputs, _options())
+    limits = {}
+    for cap in (None, 3, 500):
+        pieces = build_pieces(inputs, plans, _options(concurrency=cap), engine=engine,
+                              cipher=CIPHER, clock=clock, attempted_before={},
+                              http_factory=lambda n: httpx.AsyncClient())
+        limits[cap] = {org: c.bulkhead.limit for org, c in pieces.chains.items()}
+        await pieces.http.aclose()
+    assert limits[None] == {p.org_code: p.max_concurrency for p in inputs.providers}
+    assert set(limits[3].values()) == {3}
+    assert limits[500] == limits[None]  # a cap above the provider's limit changes nothing
+    with pytest.raises(ValueError, match="concurrency"):
+        _options(concurrency=0)
+
+
 # --- step 4 and 5: execute, record; a failed run --------------------------------------------
 
 async def test_execute_with_nothing_planned_ends_at_once_and_writes_everything(
