@@ -190,3 +190,78 @@ def test_the_started_counter_never_goes_down_when_our_own_refusals_give_starts_b
     d.stats.by_action["not_attempted"] += 1
     assert before == 3
     assert value(reg, "mydata_dispatch_started_total", provider=ORG) == 3
+
+
+async def test_label_values_stay_bounded_after_traffic_of_every_kind() -> None:
+    """test_labels_are_bounded_to_provider_and_classes looks at label *names* of a recorder
+    that saw no call, so it passes whatever value a label takes. Here every kind of call
+    goes through the chain (each attempt with its own x-api-tran-id), a dispatcher reports
+    every action, and every label *value* must come from a fixed set: never a tran id,
+    consent or user id."""
+    from dataclasses import dataclass
+
+    from batch.dispatch.stats import ProviderStats
+    from batch.lifecycle import Step
+    from batch.observe.recorder import BREAKER_KINDS, BREAKER_STATES, KINDS, RETRY_KINDS
+    from batch.resilience.outcomes import Layer
+    from tests.resilience.fakes import BAD_REQUEST, DEAD
+
+    @dataclass
+    class FakeDispatcher:
+        org_code: str
+        stats: ProviderStats
+
+        @property
+        def remaining(self) -> int:
+            return 1
+
+        @property
+        def queue_depth(self) -> int:
+            return 2
+
+    clock = FakeClock()
+    rec = ChainRecorder()
+    chain = make(clock, rec, window=10)
+    for answers in ([OK], [FAULT, OK], [CONN, DOWN, FAULT], [UNKNOWN], [THROTTLED],
+                    [DEAD], [BAD_REQUEST]):
+        await drive(clock, chain.call(Provider(clock, answers, latency=0.01)))
+    p = rec.providers[ORG]
+    for _ in range(20):  # trip the breaker, then be refused by it
+        if p.state == "open":
+            break
+        await drive(clock, chain.call(Provider(clock, default=FAULT)))
+    await drive(clock, chain.call(Provider(clock)))
+    stats = ProviderStats(ORG, day_quota=5)
+    for step in Step:
+        stats.by_action[step.value] += 1
+    stats.lateness += [0.001, 0.3]
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(RunCollector(rec, dispatchers=lambda: (FakeDispatcher(ORG, stats),)))
+
+    values = {"provider": {ORG}, "outcome": set(KINDS),
+              "kind": set(BREAKER_KINDS) | set(RETRY_KINDS), "state": set(BREAKER_STATES),
+              "from_state": set(BREAKER_STATES), "to_state": set(BREAKER_STATES),
+              "reason": {"attempts", "breaker", "deadline", "budget", "other", "throttled",
+                         "paused", "retry_after", "recovered"},
+              "layer": {str(x) for x in Layer} | {"retry_budget"},
+              "action": {s.value for s in Step}}
+    seen: dict[str, set[str]] = {}
+    for (_, labels) in samples(reg):
+        for k, v in labels:
+            seen.setdefault(k, set()).add(v)
+            assert "OPERATOR01T" not in v, (k, v)  # a tran id is an exemplar, not a label
+            if k == "le":
+                assert v == "+Inf" or float(v) >= 0, v
+            elif k == "code":
+                assert v == "none" or (v.isdigit() and len(v) in (3, 5)), v
+            else:
+                assert v in values[k], (k, v)  # an unknown label name fails here too
+    # the traffic really reached the labelled families (not just zero-valued series)
+    got = samples(reg)
+    for outcome in KINDS:
+        assert got[("mydata_calls_total", (("outcome", outcome), ("provider", ORG)))] > 0, \
+            outcome
+    assert "42902" in seen["code"]
+    assert got[("mydata_circuitbreaker_transitions_total", (
+        ("from_state", "closed"), ("provider", ORG), ("to_state", "open")))] == 1
+    assert seen["action"] == values["action"]
