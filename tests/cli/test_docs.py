@@ -6,6 +6,7 @@ import tomllib
 from pathlib import Path
 
 import click
+import pytest
 
 from batch.cli import main
 from batch.institutions_check import PROVIDER_KEYS, SECTIONS, TOP_LEVEL
@@ -57,3 +58,29 @@ def test_ci_runs_the_demo_after_the_tests() -> None:
     lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()
              if ln.strip() and not ln.strip().startswith("#")]
     assert lines.index("make test") < lines.index("make demo")
+
+
+def _all_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = [prefix]
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, click.Group):
+            out += _all_paths(cmd, (*prefix, name))
+        else:
+            out.append((*prefix, name))
+    return out
+
+
+@pytest.mark.xfail(strict=True, reason="gap (ev11): `run --help` still cites MYDATA.md "
+                   "(--page-limit) and `--help` says --redis is 'Not available in this "
+                   "version' though run --redis is cluster mode")
+def test_no_help_cites_an_unshipped_file_or_a_missing_feature() -> None:
+    """The test above reads the README and the root --help only; every command's help."""
+    from click.testing import CliRunner
+
+    found = []
+    for path in _all_paths(main):
+        text = CliRunner().invoke(main, [*path, "--help"]).output
+        found += [(" ".join(path), w) for w in ("MYDATA.md", "DESIGN.md",
+                                                  "Not available in this version")
+                  if w in " ".join(text.split())]
+    assert found == []

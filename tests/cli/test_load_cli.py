@@ -129,3 +129,42 @@ def test_help_explains_each_format() -> None:
                         ("usage", "org_code,date,user_calls")):
         res = CliRunner().invoke(main, ["load", kind, "--help"])
         assert res.exit_code == 0 and words in res.stdout
+
+
+@pytest.mark.xfail(strict=True, reason="gap (ev11): issue 13 item 8 asks for progress on a "
+                   "terminal while a large file loads; `load consents` prints only its final "
+                   "'loaded N consents' line")
+def test_a_large_load_shows_progress_on_a_terminal(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from tests.cli.console import BIN, CLOCK, write
+    from tests.integration.helpers import subprocess_env
+
+    db = f"sqlite:///{tmp_path / 'big.db'}"
+    rows = "".join(f"u{i},BANK000001,tok{i},2026-01-01T00:00:00+09:00,\n"
+                   for i in range(200_000))
+    big = write(tmp_path, "big.csv",
+                "user_id,org_code,access_token,consented_at,last_scheduled_at\n" + rows)
+    env = subprocess_env(MYDATA_CLOCK=CLOCK)
+    env.pop("MYDATA_DB_URL", None)
+    subprocess.run([str(BIN), "--db", db, "load", "institutions",
+                    str(write(tmp_path, "i.toml", TOML))], env=env, check=True,
+                   capture_output=True)
+    leader, follower = os.openpty()
+    proc = subprocess.Popen([str(BIN), "--db", db, "load", "consents", str(big)], env=env,
+                            stdin=follower, stdout=follower, stderr=follower)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    assert proc.wait(timeout=120) == 0
+    os.close(leader)
+    lines = [ln for ln in out.decode().replace("\r", "\n").splitlines() if ln.strip()]
+    assert any(not ln.startswith("loaded ") for ln in lines), lines
