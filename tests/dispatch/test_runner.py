@@ -104,6 +104,47 @@ async def test_read_inputs_filters_by_only_and_refuses_an_unknown_org(
                           options=_options(only=("NOPE000000",)))
 
 
+async def test_each_run_takes_a_tran_id_node_number_no_other_run_had_from_the_database(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Edge 10: the node part of x-api-tran-id is unique by construction (the registry's
+    # autoincrement id), not a random number per process; pinned where a run takes it.
+    import batch.dispatch.runner as runner_mod
+    from batch.tranid import TranIdGenerator
+
+    used: list[int | None] = []
+
+    class Recording(TranIdGenerator):
+        __slots__ = ()
+
+        def __init__(self, operator_org_code: str, node_id: int | None = None) -> None:
+            used.append(node_id)
+            super().__init__(operator_org_code, node_id=node_id)
+
+    monkeypatch.setattr(runner_mod, "TranIdGenerator", Recording)
+    insts = make_institutions(free_ports(1), industries=("bank",))
+    await populate(engine, insts, per_provider=1, now=AFTER_WINDOW)
+    async with engine.connect() as conn:
+        before = {int(r.node_id) for r in (await conn.execute(select(schema.nodes))).all()}
+    runs = []
+    for run_id in ("run-a", "run-b"):
+        inputs = await read_inputs(engine, cipher=CIPHER, clock=FakeClock(AFTER_WINDOW),
+                                   options=_options(run_id=run_id))
+        pieces = build_pieces(inputs, DayPlans({}), _options(run_id=run_id), engine=engine,
+                              cipher=CIPHER, clock=FakeClock(AFTER_WINDOW),
+                              attempted_before={},
+                              http_factory=lambda n: httpx.AsyncClient())
+        await pieces.http.aclose()
+        runs.append((run_id, inputs.node_id))
+    async with engine.connect() as conn:
+        rows = {(str(r.run_id), int(r.node_id)) for r in (await conn.execute(
+            select(schema.nodes.c.run_id, schema.nodes.c.node_id))).all()}
+    a, b = (n for _, n in runs)
+    assert set(runs) <= rows                       # each number is the registry's row
+    assert a not in before and b not in before and b > a
+    assert used == [a, b]                          # and it is what the tran ids carry
+
+
 # --- step 2: make sure of the plan (edge 3, edge 19, issue 13 item 3) --------------------
 
 async def _saved_plan(engine: AsyncEngine, windows: str, *, when: datetime,
