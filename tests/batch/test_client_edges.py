@@ -100,6 +100,35 @@ async def test_a_40101_on_every_detail_still_refreshes_the_token_only_once() -> 
     assert (res.progress.items, res.progress.next_page) == (("A0", "A1", "A2", "A3"), None)
 
 
+async def test_a_40101_after_a_successful_refresh_and_retry_never_refreshes_again() -> None:
+    # The list's 40101 refreshes the token and its retry succeeds; the provider then
+    # refuses the new token on the details too: the consent's one refresh is spent, so no
+    # second token request goes out (the two tests above end the refresh on the retried
+    # call itself, which never reaches a second 40101 in the same refresh).
+    seen: list[tuple[str, str]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, request.headers.get("authorization", "")))
+        if request.url.path == TOKEN_PATH:
+            return httpx.Response(200, json={"access_token": "fresh", "refresh_token": "r2"})
+        if request.url.path == "/v1/bank/accounts":
+            if request.headers.get("authorization") == "Bearer old":
+                return httpx.Response(401, json={"rsp_code": "40101"})
+            return httpx.Response(200, json={"rsp_code": "00000", "account_list": [
+                {"account_num": f"A{i}"} for i in range(2)]})
+        return httpx.Response(401, json={"rsp_code": "40101"})
+
+    c, http = _chained(httpx.MockTransport(handle))
+    res = await c.refresh(access_token="old", refresh_token="r1")
+    await http.aclose()
+    paths = [path for path, _ in seen]
+    assert paths.count(TOKEN_PATH) == 1
+    assert paths[:3] == ["/v1/bank/accounts", TOKEN_PATH, "/v1/bank/accounts"]
+    assert len(paths) == 4  # one detail call, refused, and the refresh ends there
+    assert res.outcome.kind is Kind.CONSENT and res.outcome.rsp_code == "40101"
+    assert res.progress is not None and res.progress.items == ("A0", "A1")
+
+
 @pytest.mark.parametrize("page_limit", [0, -1, 501, 10_000])
 def test_the_client_itself_refuses_a_page_limit_outside_1_to_500(page_limit: int) -> None:
     http = make_http_client(transport=httpx.MockTransport(lambda r: httpx.Response(200)))
