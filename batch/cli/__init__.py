@@ -171,9 +171,9 @@ MydataGroup.group_class = MydataSubGroup
               help="Database URL: sqlite+aiosqlite:///file.db (default mydata.db) or "
                    "postgresql+asyncpg://user@host/db. Env: MYDATA_DB_URL.")
 @click.option("--redis", "redis_url", envvar="MYDATA_REDIS_URL", default=None, metavar="URL",
-              help="Redis URL for cluster mode (a rate limit and circuit shared by many "
-                   "workers). Not available in this version: `run` refuses it rather than "
-                   "run unshared. Env: MYDATA_REDIS_URL.")
+              help="Redis URL for cluster mode: `run` becomes a worker of one cluster (the "
+                   "plan's per-minute counts, the providers' rates and circuits shared by "
+                   "every worker; docs/operator.md). Env: MYDATA_REDIS_URL.")
 @click.version_option(package_name="mydata-batch")
 @click.pass_context
 def main(ctx: click.Context, db_url: str | None, redis_url: str | None) -> None:

@@ -38,9 +38,8 @@ def check(settings: Settings, thresholds_file: str | None, run_id: str | None,
     now = clock.now()
 
     async def go(engine: AsyncEngine) -> list[str]:
-        from batch.db.engine import init_db
-
-        await init_db(engine)
+        # A probe only reads: a database without the schema is refused (one line, exit 2),
+        # never created here.
         health = await read_health(engine, now=now, run_id=run_id)
         return [b.line() for b in evaluate(health, thresholds, now=now)]
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
               help="Live lines on a terminal, a log line per provider per minute under cron.")
 @click.option("--worker-id", default=None, help="This worker's id (default host-pid).")
 @click.option("--page-limit", type=click.IntRange(1, 500), default=500, show_default=True,
-              help="Items per page of list calls (MYDATA.md: at most 500).")
+              help="Items per page of list calls (the MyData standard allows at most 500).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",

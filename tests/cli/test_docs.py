@@ -6,7 +6,6 @@ import tomllib
 from pathlib import Path
 
 import click
-import pytest
 
 from batch.cli import main
 from batch.institutions_check import PROVIDER_KEYS, SECTIONS, TOP_LEVEL
@@ -70,9 +69,6 @@ def _all_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[s
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="gap (ev11): `run --help` still cites MYDATA.md "
-                   "(--page-limit) and `--help` says --redis is 'Not available in this "
-                   "version' though run --redis is cluster mode")
 def test_no_help_cites_an_unshipped_file_or_a_missing_feature() -> None:
     """The test above reads the README and the root --help only; every command's help."""
     from click.testing import CliRunner
