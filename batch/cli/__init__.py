@@ -12,6 +12,7 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -23,6 +24,7 @@ from batch.db.engine import (
     check_sqlite_target,
     database_error,
     db_url_from_env,
+    sqlite_path,
 )
 from batch.errors import MydataError
 
@@ -104,13 +106,26 @@ class MydataCommand(click.Command):
             self.params.extend(_shared_options())
 
     def invoke(self, ctx: click.Context) -> Any:
+        new_file: Path | None = None
         try:
             use = _db_use(ctx)
             if use != NO_DB and isinstance(ctx.obj, Settings):
                 check_sqlite_target(ctx.obj.db_url, use)
+                path = sqlite_path(ctx.obj.db_url) if use == MAY_CREATE else None
+                new_file = path if path is not None and not path.exists() else None
             return super().invoke(ctx)
         except (MydataError, *_DB_FAILURES) as exc:
+            _remove_new_sqlite(new_file)
             one_line_error(ctx, exc)
+
+
+def _remove_new_sqlite(path: Path | None) -> None:
+    """A refused command leaves nothing behind: not even the SQLite file it created (a
+    mistyped path would otherwise hold a schema, and the next command would read it)."""
+    if path is None:
+        return
+    for p in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
+        p.unlink(missing_ok=True)
 
 
 class MydataGroup(click.Group):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TextIO
 
 import click
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -28,17 +31,56 @@ _IGNORE_EXTRA = click.option(
     help="Skip header columns this file format does not have (default: refuse the file).")
 
 
+class TerminalProgress:
+    """A file's rows read so far, on one line of a terminal (stderr), at most a few times a
+    second; off a terminal (cron) it says nothing: the final ``loaded ...`` line is the log.
+    """
+
+    EVERY = 0.25  # seconds between redraws
+
+    def __init__(self, file: Path, stream: TextIO | None = None) -> None:
+        self._stream = sys.stderr if stream is None else stream
+        self._on = self._stream.isatty()
+        self._name = file.name
+        self._t0 = time.monotonic()
+        self._last = 0.0
+        self._shown = False
+
+    def __call__(self, rows: int, fraction: float) -> None:
+        now = time.monotonic()
+        if not self._on or (fraction < 1.0 and now - self._last < self.EVERY):
+            return
+        self._last = now
+        tail = "; writing them to the database" if fraction >= 1.0 else ""
+        self._stream.write(f"\rreading {self._name}: {rows:,} rows ({fraction:.0%}) in "
+                           f"{now - self._t0:.1f} s{tail}\x1b[K")
+        self._stream.flush()
+        self._shown = True
+
+    def close(self) -> None:
+        """End the progress line (before the result or an error is printed)."""
+        if self._shown:
+            self._stream.write("\n")
+            self._stream.flush()
+            self._shown = False
+
+
 def _load(settings: Settings, what: str, file: Path,
           loader: Callable[[AsyncEngine], Awaitable[int]],
-          after: Callable[[AsyncEngine], Awaitable[list[str]]] | None = None) -> None:
+          after: Callable[[AsyncEngine], Awaitable[list[str]]] | None = None,
+          progress: TerminalProgress | None = None) -> None:
     """Create the schema if needed, run ``loader`` (one transaction), say what it loaded,
-    then print the warnings of ``after``."""
+    then print the warnings of ``after``; ``progress`` (the loader's) ends its line first."""
     async def go(engine: AsyncEngine) -> tuple[int, list[str]]:
         await init_db(engine)
         n = await loader(engine)
         return n, (await after(engine) if after is not None else [])
 
-    n, warnings = with_engine(settings, go)
+    try:
+        n, warnings = with_engine(settings, go)
+    finally:
+        if progress is not None:
+            progress.close()
     click.echo(f"loaded {n} {what} from {file} into {redact(settings.db_url)}")
     for line in warnings:
         click.echo(f"warning: {line}", err=True)
@@ -113,9 +155,11 @@ def load_consents_cmd(settings: Settings, file: Path, ignore_extra: bool) -> Non
     MYDATA_TOKEN_KEYS or MYDATA_TOKEN_KEY_FILE (`mydata-batch keys generate`).
     """
     cipher = token_cipher()  # a missing or malformed key: one line, nothing opened
+    progress = TerminalProgress(file)
     _load(settings, "consents", file,
           lambda engine: load_consents(engine, file, now=clock_from_env().now(),
-                                       cipher=cipher, ignore_extra=ignore_extra))
+                                       cipher=cipher, ignore_extra=ignore_extra,
+                                       progress=progress), progress=progress)
 
 
 @load_group.command("usage")
@@ -137,9 +181,11 @@ def load_usage_cmd(settings: Settings, file: Path, ignore_extra: bool) -> None:
         return [history_warning(org, n, span) for org, (n, span) in spans.items()
                 if span < MIN_TREND_DAYS]
 
+    progress = TerminalProgress(file)
     _load(settings, "usage rows", file,
-          lambda engine: load_usage(engine, file, now=now, ignore_extra=ignore_extra),
-          warnings)
+          lambda engine: load_usage(engine, file, now=now, ignore_extra=ignore_extra,
+                                    progress=progress),
+          warnings, progress=progress)
 
 
 def history_warning(org: str, days: int, span: int) -> str:

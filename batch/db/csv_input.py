@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import operator
+import os
 from collections.abc import Callable, Iterator, Sequence
 from datetime import date
 from pathlib import Path
@@ -16,6 +17,11 @@ from types import TracebackType
 from batch.errors import InputError
 
 TIMESTAMP_EXAMPLE = "2026-11-29T09:00:00+09:00"
+#: rows between two calls of a CsvInput's ``progress``
+PROGRESS_EVERY = 10_000
+
+#: ``progress(rows read, fraction of the file read)``, every PROGRESS_EVERY rows and at the end
+Progress = Callable[[int, float], None]
 
 
 class CsvInput:
@@ -28,8 +34,10 @@ class CsvInput:
     """
 
     def __init__(self, path: str | Path, required: Sequence[str],
-                 optional: Sequence[str] = (), *, ignore_extra: bool = False) -> None:
+                 optional: Sequence[str] = (), *, ignore_extra: bool = False,
+                 progress: Progress | None = None) -> None:
         self.path = Path(path)
+        self._progress = progress
         self.name = str(path)
         self.required = tuple(required)
         self.optional = tuple(optional)
@@ -141,6 +149,8 @@ class CsvInput:
         width = len(self._file_columns)
         reader = self._reader
         pick = self._pick
+        progress = self._progress
+        n = 0
         while True:
             try:
                 for row in reader:
@@ -149,11 +159,27 @@ class CsvInput:
                             continue
                         raise self._width_error(reader.line_num, row)
                     yield reader.line_num, (row if pick is None else pick(row))
+                    if progress is not None:
+                        n += 1
+                        if n % PROGRESS_EVERY == 0:
+                            progress(n, self._fraction_read())
+                if progress is not None:
+                    progress(n, 1.0)
                 return
             except UnicodeDecodeError as exc:
                 raise self._not_utf8(exc) from None
             except csv.Error as exc:
                 raise self.error(reader.line_num, None, f"not valid CSV: {exc}") from None
+
+    def _fraction_read(self) -> float:
+        """How much of the file the reader has taken in: the descriptor's offset (its buffer
+        runs a few KiB ahead; the text layer's tell() is off while a csv reader iterates)."""
+        try:
+            fd = self._file.fileno()
+            size = os.fstat(fd).st_size
+            return min(1.0, os.lseek(fd, 0, os.SEEK_CUR) / size) if size else 1.0
+        except (OSError, ValueError):
+            return 0.0
 
     def _width_error(self, line: int, row: list[str]) -> InputError:
         width = len(self._file_columns)

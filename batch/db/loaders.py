@@ -29,6 +29,7 @@ from batch.config import Institutions, Provider
 from batch.crypto import TokenCipher
 from batch.db.csv_input import (
     CsvInput,
+    Progress,
     bad_timestamp,
     parse_count,
     parse_day,
@@ -391,7 +392,8 @@ async def _refuse_duplicates(conn: AsyncConnection, src: CsvInput) -> None:
 
 
 async def load_consents(engine: AsyncEngine, path: str | Path, *, now: datetime,
-                        cipher: TokenCipher, ignore_extra: bool = False) -> int:
+                        cipher: TokenCipher, ignore_extra: bool = False,
+                        progress: Progress | None = None) -> int:
     """Validate a consents CSV and upsert it on (user_id, org_code); returns the row count.
 
     Re-loading updates tokens and consent times; the weekly schedule only moves forward.
@@ -399,7 +401,8 @@ async def load_consents(engine: AsyncEngine, path: str | Path, *, now: datetime,
     (a wrong key), TokenKeyError before anything is written.
     """
     _require_aware(now)
-    with CsvInput(path, CONSENT_COLUMNS, CONSENT_OPTIONAL, ignore_extra=ignore_extra) as src:
+    with CsvInput(path, CONSENT_COLUMNS, CONSENT_OPTIONAL, ignore_extra=ignore_extra,
+                  progress=progress) as src:
         async with transaction(engine) as conn:
             await check_stored_tokens(conn, cipher)
             known = await _org_codes(conn)
@@ -433,7 +436,7 @@ async def load_consents(engine: AsyncEngine, path: str | Path, *, now: datetime,
 # --- usage history -------------------------------------------------------------------------
 
 async def load_usage(engine: AsyncEngine, path: str | Path, *, now: datetime,
-                     ignore_extra: bool = False) -> int:
+                     ignore_extra: bool = False, progress: Progress | None = None) -> int:
     """Validate a usage CSV (org_code,date,user_calls) and upsert it on (org_code, date).
 
     A row dated after ``now``'s KST date is refused: it is a typo or a clock gone wrong,
@@ -441,7 +444,7 @@ async def load_usage(engine: AsyncEngine, path: str | Path, *, now: datetime,
     """
     _require_aware(now)
     today = now.astimezone(KST).date()
-    with CsvInput(path, USAGE_COLUMNS, ignore_extra=ignore_extra) as src:
+    with CsvInput(path, USAGE_COLUMNS, ignore_extra=ignore_extra, progress=progress) as src:
         async with transaction(engine) as conn:
             known = await _org_codes(conn)
             seen: dict[tuple[str, date], int] = {}

@@ -140,9 +140,6 @@ def test_db_help_says_only_what_exists() -> None:
     assert commands[0] == "init" and "Create" in commands
 
 
-@pytest.mark.xfail(strict=True, reason="gap (ev11): `load` may create a new SQLite file, so "
-                   "`load consents` into a mistyped path creates it (schema and all), then "
-                   "refuses with 'not a known provider' and leaves the file behind")
 def test_a_refused_load_into_a_mistyped_sqlite_path_leaves_no_file(tmp_path: Path) -> None:
     db = tmp_path / "mydta.db"  # the typo
     consents = write(tmp_path, "c.csv", "user_id,org_code,access_token,consented_at,"

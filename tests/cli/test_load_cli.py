@@ -131,9 +131,6 @@ def test_help_explains_each_format() -> None:
         assert res.exit_code == 0 and words in res.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="gap (ev11): issue 13 item 8 asks for progress on a "
-                   "terminal while a large file loads; `load consents` prints only its final "
-                   "'loaded N consents' line")
 def test_a_large_load_shows_progress_on_a_terminal(tmp_path: Path) -> None:
     import os
     import subprocess
@@ -168,3 +165,31 @@ def test_a_large_load_shows_progress_on_a_terminal(tmp_path: Path) -> None:
     os.close(leader)
     lines = [ln for ln in out.decode().replace("\r", "\n").splitlines() if ln.strip()]
     assert any(not ln.startswith("loaded ") for ln in lines), lines
+
+
+def test_a_csv_reports_rows_and_the_share_of_the_file_read_and_ends_at_all(
+        tmp_path: Path) -> None:
+    from batch.db.csv_input import PROGRESS_EVERY, CsvInput
+
+    f = tmp_path / "x.csv"
+    f.write_text("a,b\n" + "".join(f"{i},{i}\n" for i in range(PROGRESS_EVERY * 5 + 7)))
+    seen: list[tuple[int, float]] = []
+    with CsvInput(f, ["a", "b"], progress=lambda n, frac: seen.append((n, frac))) as src:
+        assert sum(1 for _ in src.rows()) == PROGRESS_EVERY * 5 + 7
+    assert [n for n, _ in seen] == [PROGRESS_EVERY * k for k in range(1, 6)] + [
+        PROGRESS_EVERY * 5 + 7]
+    fractions = [frac for _, frac in seen]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0 and fractions[0] < 1.0
+
+
+def test_progress_off_a_terminal_says_nothing(tmp_path: Path) -> None:
+    import io
+
+    from batch.cli.load import TerminalProgress
+
+    out = io.StringIO()  # cron: not a terminal
+    p = TerminalProgress(tmp_path / "big.csv", stream=out)
+    p(10_000, 0.5)
+    p(20_000, 1.0)
+    p.close()
+    assert out.getvalue() == ""
