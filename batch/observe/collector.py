@@ -237,7 +237,8 @@ def _chain(provs: Sequence[ProviderCalls]) -> Iterator[Metric]:
                                 "End-to-end latency of a logical call (all attempts).",
                                 labels=["provider"])
     adur = HistogramMetricFamily(P + "attempt_duration_seconds",
-                                 "Latency of the attempt that ended each call.",
+                                 "Latency of each attempt that reached the provider "
+                                 "(the retried ones too).",
                                  labels=["provider"])
     for p in provs:
         _add_hist(att, [p.org_code], p.attempts)

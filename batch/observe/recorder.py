@@ -200,7 +200,12 @@ class ChainRecorder:
         p.rejections[layer] = p.rejections.get(layer, 0) + 1
 
     def _retry(self, p: ProviderCalls, event: Event) -> None:
+        assert isinstance(event, RetryScheduled)
         p.retries_scheduled += 1
+        # every attempt that reached the provider is in the per-attempt histogram: the ones
+        # retried here, the last one with the call (CallFinished)
+        if event.kind is not _REJECTED:
+            p.attempt_duration.observe(event.elapsed, event.tran_id)
 
     def _skipped(self, p: ProviderCalls, event: Event) -> None:
         assert isinstance(event, RetrySkipped)

@@ -18,12 +18,14 @@ A thresholds file is TOML; every key is optional and an unknown key is refused::
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from batch.config import read_config_text
 from batch.errors import ConfigError
+from batch.institutions_check import did_you_mean
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,17 +63,36 @@ class ThresholdSet:
         return dict(self.providers).get(org_code, self.defaults)
 
 
-def _apply(base: Thresholds, raw: object, where: str, *, allow: frozenset[str]) -> Thresholds:
+def _apply(base: Thresholds, raw: object, where: str, *, allow: frozenset[str],
+           source: str, table: str, lines: list[str]) -> Thresholds:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a table")
     unknown = sorted(set(raw) - allow)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: "
-                          f"{', '.join(sorted(allow))}")
+        key = unknown[0]
+        why = ("a threshold of the whole run, not of one provider: set it in [defaults]"
+               if key in KEYS else f"unknown key{did_you_mean(key, allow)}")
+        raise ConfigError(why, file=source, line=_line_of(lines, table, key),
+                          field=f"{table}.{key}")
     try:
         return replace(base, **raw)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def _line_of(lines: list[str], table: str, key: str) -> int | None:
+    """The line of ``key =`` inside ``[table]`` (best effort; None if not found)."""
+    head = re.compile(r"^\[\s*" + r"\s*\.\s*".join(map(re.escape, table.split("."))) +
+                      r"\s*\]")
+    want = re.compile(rf"^{re.escape(key)}\s*=")
+    inside = False
+    for i, raw in enumerate(lines, start=1):
+        t = raw.strip()
+        if t.startswith("["):
+            inside = head.match(t) is not None
+        elif inside and want.match(t):
+            return i
+    return None
 
 
 def parse_thresholds(text: str, *, source: str = "<thresholds>") -> ThresholdSet:
@@ -83,13 +104,15 @@ def parse_thresholds(text: str, *, source: str = "<thresholds>") -> ThresholdSet
     if unknown:
         raise ConfigError(f"{source}: unknown table(s) {', '.join(unknown)}; known: defaults, "
                           "providers")
+    lines = text.splitlines()
     defaults = _apply(Thresholds(), doc.get("defaults", {}), f"{source} [defaults]",
-                      allow=KEYS)
+                      allow=KEYS, source=source, table="defaults", lines=lines)
     raw_providers = doc.get("providers", {})
     if not isinstance(raw_providers, dict):
         raise ConfigError(f"{source}: providers must be a table of [providers.ORG_CODE]")
     providers = {org: _apply(defaults, raw, f"{source} [providers.{org}]",
-                             allow=KEYS - RUN_LEVEL)
+                             allow=KEYS - RUN_LEVEL, source=source, table=f"providers.{org}",
+                             lines=lines)
                  for org, raw in raw_providers.items()}
     return ThresholdSet(defaults, tuple(sorted(providers.items())))
 

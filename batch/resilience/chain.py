@@ -252,7 +252,7 @@ class ProviderChain:
             return False
         if self._emit.active:
             self._emit(RetryScheduled(self.org_code, out.tran_id, attempts, delay, out.kind,
-                                      out.rsp_code))
+                                      out.rsp_code, out.elapsed))
         if delay > 0.0:
             await self._clock.sleep_until(now + delay)
         return True

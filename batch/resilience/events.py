@@ -31,7 +31,8 @@ class StateChanged:
 
 @dataclass(frozen=True, slots=True)
 class RetryScheduled:
-    """A failed attempt will be retried after ``delay`` seconds."""
+    """A failed attempt will be retried after ``delay`` seconds; ``elapsed`` is how long
+    that attempt took (the provider's time: a retry storm's slow attempts)."""
 
     org_code: str
     tran_id: str | None
@@ -39,6 +40,7 @@ class RetryScheduled:
     delay: float
     kind: Kind
     rsp_code: str | None
+    elapsed: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,8 @@ def test_an_unknown_threshold_key_is_one_line_and_exit_2(sqlite_url: str,
     f.write_text("[providers.BANK000001]\nretry_ration = 0.2\n")
     out = CliRunner().invoke(main, ["--db", sqlite_url, "check", "--thresholds", str(f)])
     assert out.exit_code == 2, out.output
-    assert "unknown key(s) retry_ration" in out.output
+    assert "t.toml:2: field 'providers.BANK000001.retry_ration': unknown key; did you mean " \
+        "'retry_ratio'?" in out.output
     assert "Traceback" not in out.output
 
 

@@ -94,6 +94,9 @@ async def test_calls_are_counted_by_outcome_class_retry_kind_and_breaker_kind() 
     assert value(reg, "mydata_call_attempts_count", provider=ORG) == 5
     assert value(reg, "mydata_call_attempts_sum", provider=ORG) == 1 + 2 + 3 + 1 + 1
     assert value(reg, "mydata_call_attempts_bucket", provider=ORG, le="1.0") == 3
+    # every attempt has its latency (a retry storm's failed ones too), every call its own
+    assert value(reg, "mydata_attempt_duration_seconds_count", provider=ORG) == 8
+    assert value(reg, "mydata_call_duration_seconds_count", provider=ORG) == 5
     assert value(reg, "mydata_call_unknown_outcomes_total", provider=ORG) == 1
     assert value(reg, "mydata_call_timeouts_total", provider=ORG) == 0  # 50003 is an answer
     assert value(reg, "mydata_throttled_calls_total", provider=ORG, code="42902") == 1

@@ -74,8 +74,10 @@ def test_breach_lines_name_the_check_provider_value_and_threshold() -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("[defaults]\nretry_ratoi = 0.1\n", "unknown key(s) retry_ratoi"),
-    ("[providers.BANK000001]\nno_success_hours = 3\n", "unknown key(s) no_success_hours"),
+    ("[defaults]\nretry_ratoi = 0.1\n",
+     ":2: field 'defaults.retry_ratoi': unknown key; did you mean 'retry_ratio'?"),
+    ("[providers.BANK000001]\nno_success_hours = 3\n",
+     ":2: field 'providers.BANK000001.no_success_hours': a threshold of the whole run"),
     ("[alerts]\n", "unknown table(s) alerts"),
     ("[defaults]\nretry_ratio = 2\n", "retry_ratio is a ratio"),
     ("[defaults]\np99_latency_seconds = 'fast'\n", "p99_latency_seconds must be a number"),
