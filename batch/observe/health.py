@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.db import schema
 from batch.db.engine import connect
+from batch.errors import InputError
 from batch.observe.state import StoreState, read_state
 from batch.observe.thresholds import ThresholdSet
 
@@ -74,6 +75,13 @@ async def last_run_id(engine: AsyncEngine) -> str | None:
             r.c.started_at.desc(), r.c.run_id.desc()).limit(1))).scalar()
 
 
+async def _run_exists(engine: AsyncEngine, run_id: str) -> bool:
+    r = schema.runs
+    async with connect(engine) as conn:
+        return (await conn.execute(select(r.c.run_id).where(r.c.run_id == run_id))
+                ).first() is not None
+
+
 async def read_run(engine: AsyncEngine, run_id: str) -> tuple[ProviderRun, ...]:
     m = schema.run_minutes
     async with connect(engine) as conn:
@@ -95,6 +103,9 @@ async def read_run(engine: AsyncEngine, run_id: str) -> tuple[ProviderRun, ...]:
 async def read_health(engine: AsyncEngine, *, now: datetime,
                       run_id: str | None = None) -> Health:
     """The given run (default: the latest started) and the database state at ``now``."""
+    if run_id is not None and not await _run_exists(engine, run_id):
+        raise InputError(f"no run {run_id!r} in this database (the runs are listed on the "
+                         "dashboard; leave --run-id out for the latest)")
     rid = run_id or await last_run_id(engine)
     provs = await read_run(engine, rid) if rid else ()
     return Health(rid, provs, await read_state(engine, now=now))

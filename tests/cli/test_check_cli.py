@@ -47,3 +47,9 @@ def test_a_database_without_the_schema_is_refused_and_left_as_it_was(tmp_path: P
     with sqlite3.connect(db) as conn:  # no table created by a monitoring probe
         assert conn.execute("SELECT name FROM sqlite_master").fetchall() == []
     refused(res, "has no mydata-batch schema", "mydata-batch db init")
+
+
+def test_a_run_id_that_names_no_run_is_refused(sqlite_url: str) -> None:
+    assert CliRunner().invoke(main, ["--db", sqlite_url, "db", "init"]).exit_code == 0
+    refused(cli("--db", sqlite_url, "check", "--run-id", "nosuchrun"),
+            "no run 'nosuchrun' in this database")
