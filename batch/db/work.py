@@ -661,6 +661,12 @@ class SqlWorkStore:
         self._giving_back.add(task)
         task.add_done_callback(self._giving_back.discard)
 
+    async def settle(self) -> None:
+        """Wait until the claims of cancelled claims are given back (a run's end waits for
+        them before it closes the engine, so none stays leased to a worker that left)."""
+        while self._giving_back:
+            await asyncio.gather(*self._giving_back, return_exceptions=True)
+
     async def _claim_all(self) -> None:
         try:
             while self._claims:

@@ -151,7 +151,7 @@ class Pieces:
     """Step 3: what executes the day: one store and writer, one dispatcher and chain per
     provider, the shared HTTP client."""
 
-    store: work.WorkStore
+    store: work.SqlWorkStore
     writer: OutcomeWriter
     http: httpx.AsyncClient
     dispatchers: list[ProviderDispatcher]
@@ -390,6 +390,7 @@ async def execute(pieces: Pieces, options: RunOptions, *, clock: Clock, day: dat
             await cancel_and_wait([progress_task])
         persisted = await writer.close()
         await asyncio.gather(writer_task, return_exceptions=True)
+        await pieces.store.settle()  # cancelled claims given back before the engine goes
         await pieces.http.aclose()
         await pieces.obs.stop()  # the last minute rows; the port closed
         if circuit is not None:
