@@ -1,9 +1,21 @@
-"""Access and refresh tokens encrypted at rest: AES-256-GCM, keys rotated through a list.
+"""Access and refresh tokens encrypted at rest: AES-256-GCM, keys rotated through a list,
+each token bound to its consent row and column.
 
 Tokens are credentials to people's financial data, so the database never holds them in
-plain text. A stored token reads ``v1.<key id>.<nonce + ciphertext, urlsafe base64>``; the
+plain text. A stored token reads ``v2.<key id>.<nonce + ciphertext, urlsafe base64>``; the
 key id (the first 8 hex digits of the key's SHA-256) names which key sealed it, so a
 rotation list decrypts old rows with old keys while new rows are sealed with the first.
+
+A ``v2`` token is sealed with associated data naming where it belongs (:class:`TokenSlot`):
+the consent's unique key ``(org_code, user_id)`` and the column (``access_token`` or
+``refresh_token``), encoded as ``<column>|<len(org_code)>|<org_code>|<user_id>`` (the column
+is one of two fixed names, the org code is length-prefixed and the user id takes the rest,
+so no two slots share an encoding). A sealed token copied onto another consent row, or from
+one column to the other, does not open there: one TokenKeyError line, not a token.
+
+``v1`` tokens (written before the binding: no associated data) still open, so an existing
+database keeps working; they are not current, so ``mydata-batch keys rotate`` re-seals every
+one of them as ``v2``. Until it has run, a ``v1`` token is not bound to its row.
 
 Keys come from the environment, never from a file in the repository:
 
@@ -24,7 +36,9 @@ import os
 import re
 import secrets
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Final, Literal
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -33,15 +47,30 @@ from batch.errors import ConfigError, describe
 
 KEYS_ENV = "MYDATA_TOKEN_KEYS"
 KEY_FILE_ENV = "MYDATA_TOKEN_KEY_FILE"
-VERSION = "v1"
+#: the stored form written now: sealed with the token's slot as associated data
+VERSION = "v2"
+#: the stored form before the binding (no associated data): still opens, never written
+LEGACY_VERSION = "v1"
+#: every stored form that opens (each prefix the same length: ``_key_of`` reads by position)
+VERSIONS = (LEGACY_VERSION, VERSION)
 _NONCE = 12
-#: ``v1.<key id>.`` at the start of every sealed token (what ``stored_key_id`` reads)
+#: ``v2.<key id>.`` (or ``v1.``) at the start of every sealed token
 SEALED_PREFIX_LEN = len(VERSION) + 1 + 8 + 1
-_SEALED_PREFIX = re.compile(rf"{VERSION}\.([0-9a-f]{{8}})\.")
+assert all(len(v) == len(VERSION) for v in VERSIONS)
+_SEALED_PREFIX = re.compile(rf"(?:{'|'.join(VERSIONS)})\.([0-9a-f]{{8}})\.")
+#: how a sealed token starts, whatever its key (anything else is a plain-text legacy token)
+SEALED_STARTS = tuple(f"{v}." for v in VERSIONS)
+_SEALED_STARTS = frozenset(SEALED_STARTS)
 #: urlsafe base64 from the faster ``binascii`` encoder
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
 _NO_KEY = (f"no token encryption key: set {KEYS_ENV} or {KEY_FILE_ENV} "
            "(make one with `mydata-batch keys generate`)")
+
+ACCESS_TOKEN: Final = "access_token"
+REFRESH_TOKEN: Final = "refresh_token"
+#: the two columns a token is stored in (part of what binds it)
+TokenColumn = Literal["access_token", "refresh_token"]
+_COLUMNS = frozenset((ACCESS_TOKEN, REFRESH_TOKEN))
 
 
 class TokenKeyError(ConfigError):
@@ -72,6 +101,33 @@ def stored_key_id(stored: str) -> str | None:
     """The id of the key that sealed ``stored``; None if it is not a sealed token."""
     m = _SEALED_PREFIX.match(stored)
     return m.group(1) if m else None
+
+
+def token_aad(org_code: str, user_id: str, column: str) -> bytes:
+    """The associated data a ``v2`` token is sealed with: ``column|len(org)|org|user``.
+
+    Unambiguous: ``column`` is one of two fixed names (neither a prefix of the other), the
+    org code is length-prefixed, and the user id is all that follows (any text)."""
+    return f"{column}|{len(org_code)}|{org_code}|{user_id}".encode()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSlot:
+    """Where a stored token belongs: its consent (the unique key ``(org_code, user_id)``)
+    and its column. A ``v2`` token opens only in the slot it was sealed for."""
+
+    org_code: str
+    user_id: str
+    column: TokenColumn
+
+    def __post_init__(self) -> None:
+        if self.column not in _COLUMNS:
+            raise ValueError(f"a token column is access_token or refresh_token, not "
+                             f"{self.column!r}")
+
+    @property
+    def aad(self) -> bytes:
+        return token_aad(self.org_code, self.user_id, self.column)
 
 
 class TokenCipher:
@@ -126,26 +182,47 @@ class TokenCipher:
     def __repr__(self) -> str:  # key ids only, never a key
         return f"TokenCipher(primary={self._primary_id}, keys={sorted(self._by_id)})"
 
-    def encrypt(self, token: str) -> str:
-        """``token`` sealed with the first key, under a fresh random 96-bit nonce."""
+    def encrypt(self, token: str, slot: TokenSlot) -> str:
+        """``token`` sealed for ``slot`` with the first key, under a fresh random nonce."""
+        return self._seal(token, slot.aad)
+
+    def decrypt(self, stored: str, slot: TokenSlot) -> str:
+        """The token ``stored`` in ``slot``; TokenKeyError (one line) if it does not open
+        there: a wrong key, a corrupt row, or a token moved from another row or column."""
+        return self._open(stored, slot.org_code, slot.user_id, slot.column)
+
+    def seal_pair(self, org_code: str, user_id: str, access_token: str,
+                  refresh_token: str | None = None) -> tuple[str, str | None]:
+        """A consent's access and (optional) refresh token, each sealed for its column.
+
+        The hot path (a million-row load seals two million tokens): the row's part of the
+        associated data is built once, no :class:`TokenSlot` per token."""
+        row = f"|{len(org_code)}|{org_code}|{user_id}"
+        access = self._seal(access_token, (ACCESS_TOKEN + row).encode())
+        if refresh_token is None:
+            return access, None
+        return access, self._seal(refresh_token, (REFRESH_TOKEN + row).encode())
+
+    def open_pair(self, org_code: str, user_id: str, access_token: str,
+                  refresh_token: str | None = None) -> tuple[str, str | None]:
+        """The consent's stored pair opened (a missing refresh token stays None)."""
+        access = self._open(access_token, org_code, user_id, ACCESS_TOKEN)
+        if refresh_token is None:
+            return access, None
+        return access, self._open(refresh_token, org_code, user_id, REFRESH_TOKEN)
+
+    def _seal(self, token: str, aad: bytes) -> str:
         # os.urandom per call (no nonce pool: nothing a fork or a thread could repeat);
         # binascii + translate is the fast form of urlsafe_b64encode (a million-row load
         # seals two million tokens).
         nonce = os.urandom(_NONCE)
-        sealed = self._primary.encrypt(nonce, token.encode("utf-8"), None)
+        sealed = self._primary.encrypt(nonce, token.encode("utf-8"), aad)
         body = binascii.b2a_base64(nonce + sealed, newline=False).translate(_URLSAFE)
         return self._prefix + body.decode("ascii").rstrip("=")
 
-    def encrypt_optional(self, token: str | None) -> str | None:
-        """A refresh token is optional: None stays None."""
-        return None if token is None else self.encrypt(token)
-
-    def decrypt_optional(self, stored: str | None) -> str | None:
-        return None if stored is None else self.decrypt(stored)
-
-    def decrypt(self, stored: str) -> str:
+    def _open(self, stored: str, org_code: str, user_id: str, column: str) -> str:
         parts = stored.split(".", 2)
-        if len(parts) != 3 or parts[0] != VERSION:
+        if len(parts) != 3 or parts[0] not in VERSIONS:
             raise TokenKeyError("a stored token is not encrypted (or was written by an "
                                 "unknown version): run `mydata-batch keys rotate` to seal it")
         aead = self._by_id.get(parts[1])
@@ -153,22 +230,30 @@ class TokenCipher:
             raise TokenKeyError(f"a stored token was sealed with key {parts[1]}, which is not "
                                 f"in {KEYS_ENV}/{KEY_FILE_ENV} (wrong key, or an old key "
                                 "dropped before `keys rotate`)")
+        bound = parts[0] == VERSION
         try:
             raw = base64.urlsafe_b64decode(parts[2] + "=" * (-len(parts[2]) % 4))
-            return aead.decrypt(raw[:_NONCE], raw[_NONCE:], None).decode("utf-8")
+            aad = token_aad(org_code, user_id, column) if bound else None
+            return aead.decrypt(raw[:_NONCE], raw[_NONCE:], aad).decode("utf-8")
         except (InvalidTag, binascii.Error, ValueError):
+            if bound:
+                raise TokenKeyError(
+                    f"the stored {column} of a consent at {org_code} (sealed with key "
+                    f"{parts[1]}) does not open: it does not belong to this row (moved "
+                    "from another consent or column) or is corrupt") from None
             raise TokenKeyError(f"a stored token sealed with key {parts[1]} does not open: "
                                 "the row is corrupt or the key is not the one that sealed "
                                 "it") from None
 
     def is_current(self, stored: str) -> bool:
-        """True if ``stored`` is sealed with the first key (nothing to rotate)."""
+        """True if ``stored`` is ``v2`` sealed with the first key (nothing to rotate)."""
         return stored.startswith(self._prefix)
 
-    def reseal(self, stored: str) -> str:
-        """``stored`` sealed with the first key; a plain-text legacy token is sealed."""
+    def reseal(self, stored: str, slot: TokenSlot) -> str:
+        """``stored`` as ``v2`` for ``slot`` with the first key: a ``v1`` token, one under an
+        older key, or a plain-text legacy token is (re-)sealed; a current one is kept."""
         if self.is_current(stored):
             return stored
-        if not stored.startswith(f"{VERSION}."):
-            return self.encrypt(stored)
-        return self.encrypt(self.decrypt(stored))
+        if stored[:len(VERSION) + 1] not in _SEALED_STARTS:  # as ``_key_of`` tells plain
+            return self.encrypt(stored, slot)
+        return self.encrypt(self.decrypt(stored, slot), slot)

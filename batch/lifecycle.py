@@ -189,11 +189,22 @@ class DeadLetter(_Finished):
 @dataclass(frozen=True, slots=True)
 class TokenRefreshed:
     """A refreshed token pair to store now (not logged; not lease-guarded: the provider
-    may have rotated the refresh token, so the new pair is right whoever holds the lease)."""
+    may have rotated the refresh token, so the new pair is right whoever holds the lease).
+
+    ``org_code`` and ``user_id`` are the consent's unique key: the store seals the pair
+    bound to them (``batch.crypto.TokenSlot``) without reading the row again."""
 
     consent_id: int
+    org_code: str
+    user_id: str
     access_token: str = field(repr=False)
     refresh_token: str | None = field(repr=False, default=None)
+
+    @classmethod
+    def of(cls, claim: Claim, access_token: str,
+           refresh_token: str | None = None) -> TokenRefreshed:
+        """The pair refreshed for ``claim``'s consent."""
+        return cls(claim.id, claim.org_code, claim.user_id, access_token, refresh_token)
 
 
 #: What a refresh does to its consent.
@@ -276,7 +287,7 @@ def unsaved_tokens(claim: Claim, result: RefreshResult) -> TokenRefreshed | None
     """A refreshed pair the client could not save at once, to store with the outcomes."""
     if result.new_access_token is None:
         return None
-    return TokenRefreshed(claim.id, result.new_access_token, result.new_refresh_token)
+    return TokenRefreshed.of(claim, result.new_access_token, result.new_refresh_token)
 
 
 def _dead_letter(base: Refreshed, week: date, attempts: int, why: WeekResult,

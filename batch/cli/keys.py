@@ -31,7 +31,8 @@ def keys_generate() -> None:
 @click.pass_obj
 def keys_rotate(settings: Settings) -> None:
     """Re-seal every stored token with the first key (MYDATA_TOKEN_KEYS or
-    MYDATA_TOKEN_KEY_FILE); tokens stored in plain text by an older version are sealed.
+    MYDATA_TOKEN_KEY_FILE), bound to its consent row and column (v2); v1 tokens (not
+    bound) and tokens stored in plain text by an older version are sealed as v2 too.
 
     \b
     Every key that sealed a stored token must be in the list (checked first: nothing is

@@ -267,6 +267,8 @@ _MERGE_SQLITE = _MERGE.format(consented_at="consented_at",
                               last_scheduled_at="last_scheduled_at", not_before="not_before")
 
 StageRow = tuple[Any, ...]
+#: (org_code, user_id, access token, refresh token or None) -> the pair sealed
+Sealer = Callable[[str, str, str, str | None], tuple[str, str | None]]
 
 
 _UTC_OFFSET = timedelta(hours=9)
@@ -292,9 +294,10 @@ def _sqlite_ts(kst_wall: datetime) -> str:
 
 
 def _parse_consents(src: CsvInput, known: frozenset[str], now: datetime, *,
-                    as_text: bool, seal: Callable[[str], str]) -> Iterator[list[StageRow]]:
+                    as_text: bool, seal: Sealer) -> Iterator[list[StageRow]]:
     """Validate rows and yield them in chunks, ready for the staging table, tokens sealed
-    by ``seal`` (``TokenCipher.encrypt``).
+    by ``seal`` (``TokenCipher.seal_pair``: each bound to its row's (org_code, user_id)
+    and column).
 
     Timestamps are KST wall-clock (naive) here; the due week (``next_due_week``) is computed
     through a per-date cache of ``week_start`` on their KST dates.
@@ -344,8 +347,7 @@ def _parse_consents(src: CsvInput, known: frozenset[str], now: datetime, *,
         if start is None:
             start = week_start_at[due] = datetime.combine(due, time(0))
         not_before = consented if consented > start else start
-        refresh = seal(row[5]) if has_refresh and row[5] else None
-        token = seal(token)
+        token, refresh = seal(org, user_id, token, row[5] if has_refresh and row[5] else None)
         if as_text:
             chunk.append((line, user_id, org, token, refresh, _sqlite_ts(consented),
                           None if last is None else _sqlite_ts(last), due.isoformat(),
@@ -409,7 +411,7 @@ async def load_consents(engine: AsyncEngine, path: str | Path, *, now: datetime,
             sqlite_db = conn.dialect.name == "sqlite"
             # Parsing in a thread to overlap with the COPY was measured: no gain (GIL-bound).
             count = await _stage(conn, _parse_consents(src, known, now, as_text=sqlite_db,
-                                                       seal=cipher.encrypt))
+                                                       seal=cipher.seal_pair))
             merge = text(_MERGE_SQLITE if sqlite_db else _MERGE_PG).bindparams(
                 bindparam("now", type_=UTCDateTime))
             if sqlite_db:

@@ -1,11 +1,13 @@
 """Stored tokens against the keys at hand: the check every token command starts with, and
-re-sealing with the first key (``keys rotate``).
+re-sealing with the first key, as ``v2`` bound to each row (``keys rotate``).
 
 The database holds access and refresh tokens only sealed (``batch.crypto``). A command
 that reads or writes them first makes sure the keys it was given open what is stored, so
 a wrong key is one line before anything is written or called, never a half-loaded file or
 a night of failed claims: every stored token must carry the id of a key in the list (one
-scan, grouped by key id), and one token per key id must really open.
+scan, grouped by key id, ``v1`` and ``v2`` alike), and one token per key id must really
+open (one per key id and column), with its own row's consent and column as the
+associated data (``v2``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,16 @@ from typing import Any
 from sqlalchemy import bindparam, case, func, literal, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from batch.crypto import KEY_FILE_ENV, KEYS_ENV, VERSION, TokenCipher, TokenKeyError
+from batch.crypto import (
+    KEY_FILE_ENV,
+    KEYS_ENV,
+    SEALED_STARTS,
+    VERSION,
+    TokenCipher,
+    TokenColumn,
+    TokenKeyError,
+    TokenSlot,
+)
 from batch.db.engine import connect, transaction
 from batch.db.revocation import ERASED
 from batch.db.schema import consents
@@ -40,10 +51,13 @@ class StoredKeys:
 
 
 def _key_of(column: str) -> Any:
-    """The key id a stored token names, 'plain' if it is not sealed, NULL if none/erased."""
+    """The key id a stored token names, 'plain' if it is not sealed, NULL if none/erased.
+
+    ``v1.<key id>.`` and ``v2.<key id>.`` are the same length, so the id is read by
+    position whichever version sealed the token."""
     col = consents.c[column]
     return case((col.is_(None) | (col == ERASED), literal(None)),
-                (func.substr(col, 1, len(VERSION) + 1) == f"{VERSION}.",
+                (func.substr(col, 1, len(VERSION) + 1).in_(SEALED_STARTS),
                  func.substr(col, len(VERSION) + 2, 8)),
                 else_=literal(_PLAIN))
 
@@ -57,22 +71,28 @@ _SURVEY = (select(_key_of("access_token").label("a"), _key_of("refresh_token").l
 async def _survey(conn: AsyncConnection, cipher: TokenCipher) -> StoredKeys:
     by_key: dict[str, int] = {}
     plain = 0
-    samples: dict[str, tuple[str, int]] = {}
+    samples: dict[tuple[str, TokenColumn], int] = {}
     for a, r, n, first in (await conn.execute(_SURVEY)).all():
-        for column, k in (("access_token", a), ("refresh_token", r)):
+        pair: tuple[tuple[TokenColumn, Any], ...] = (("access_token", a), ("refresh_token", r))
+        for column, k in pair:
             if k is None:
                 continue
             if k == _PLAIN:
                 plain += int(n)
                 continue
             by_key[str(k)] = by_key.get(str(k), 0) + int(n)
-            samples.setdefault(str(k), (column, int(first)))
-    for k, (column, first) in samples.items():
+            samples.setdefault((str(k), column), int(first))
+    for (k, column), first in samples.items():
         if k in cipher.key_ids:
-            # The id matches: make sure the key really opens (a corrupt row would not).
-            stored = (await conn.execute(select(consents.c[column]).where(
-                consents.c.id == first))).scalar_one()
-            cipher.decrypt(stored)
+            # The id matches: make sure the key really opens, on the row's own slot (a
+            # corrupt row, or a token moved from another row or column, would not).
+            c = consents.c
+            row = (await conn.execute(select(c[column], c.org_code, c.user_id).where(
+                c.id == first))).one()
+            try:
+                cipher.decrypt(row[0], TokenSlot(row.org_code, row.user_id, column))
+            except TokenKeyError as exc:
+                raise TokenKeyError(f"consent {first}: {exc}") from None
     return StoredKeys(by_key, plain)
 
 
@@ -113,7 +133,8 @@ class Resealed:
 
 
 async def reseal_all(engine: AsyncEngine, cipher: TokenCipher) -> Resealed:
-    """Re-seal every stored token with the first key (plain-text ones are sealed), a chunk
+    """Re-seal every stored token as ``v2`` with the first key, bound to its row and column
+    (``v1`` ones, those under an older key, and plain-text ones are sealed), a chunk
     of consents per transaction. Every row opens with the list before and after, so a stop
     part way is safe: run it again. A row changed since it was read (a refreshed token
     saved by a running batch) is left alone: each update is a compare-and-set."""
@@ -129,14 +150,22 @@ async def reseal_all(engine: AsyncEngine, cipher: TokenCipher) -> Resealed:
     while True:
         async with transaction(engine) as conn:
             rows = (await conn.execute(
-                select(c.id, c.access_token, c.refresh_token)
+                select(c.id, c.org_code, c.user_id, c.access_token, c.refresh_token)
                 .where(c.id > after).order_by(c.id).limit(RESEAL_CHUNK))).all()
             if not rows:
                 return Resealed(seen, changed, skipped)
             todo = {}
             for r in rows:
-                acc = cipher.reseal(r.access_token) if r.access_token else r.access_token
-                ref = cipher.reseal(r.refresh_token) if r.refresh_token else r.refresh_token
+                acc, ref = r.access_token, r.refresh_token
+                try:
+                    if acc:
+                        acc = cipher.reseal(acc, TokenSlot(r.org_code, r.user_id,
+                                                           "access_token"))
+                    if ref:
+                        ref = cipher.reseal(ref, TokenSlot(r.org_code, r.user_id,
+                                                           "refresh_token"))
+                except TokenKeyError as exc:
+                    raise TokenKeyError(f"consent {r.id}: {exc}") from None
                 if acc != r.access_token or ref != r.refresh_token:
                     todo[r.id] = {"b_id": r.id, "b_old_acc": r.access_token,
                                   "b_old_ref": r.refresh_token or "", "b_acc": acc,

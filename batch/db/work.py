@@ -45,7 +45,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from batch.client import Progress
-from batch.crypto import TokenCipher
+from batch.crypto import TokenCipher, TokenKeyError
 from batch.db.engine import transaction
 from batch.db.schema import (
     UTCDateTime,
@@ -759,9 +759,16 @@ class SqlWorkStore:
             await save_token(self.engine, self._sealed(t))
 
     def _opened(self, c: Claim) -> Claim:
-        return replace(c, access_token=self.cipher.decrypt(c.access_token),
-                       refresh_token=self.cipher.decrypt_optional(c.refresh_token))
+        """The claim's tokens opened on its own row (consent and column): a token moved
+        from another row does not open, one TokenKeyError line naming the consent."""
+        try:
+            access, refresh = self.cipher.open_pair(c.org_code, c.user_id, c.access_token,
+                                                    c.refresh_token)
+        except TokenKeyError as exc:
+            raise TokenKeyError(f"consent {c.id}: {exc}") from None
+        return replace(c, access_token=access, refresh_token=refresh)
 
     def _sealed(self, t: TokenRefreshed) -> TokenRefreshed:
-        return TokenRefreshed(t.consent_id, self.cipher.encrypt(t.access_token),
-                              self.cipher.encrypt_optional(t.refresh_token))
+        access, refresh = self.cipher.seal_pair(t.org_code, t.user_id, t.access_token,
+                                                t.refresh_token)
+        return replace(t, access_token=access, refresh_token=refresh)

@@ -498,7 +498,7 @@ def _refresher(client: MydataClient, store: work.WorkStore
                ) -> Callable[[work.Claim, float | None], Any]:
     async def refresh(claim: work.Claim, not_after: float | None) -> RefreshResult:
         async def save(access: str, refresh_token: str | None) -> None:
-            await store.save_token(TokenRefreshed(claim.id, access, refresh_token))
+            await store.save_token(TokenRefreshed.of(claim, access, refresh_token))
         return await client.refresh(access_token=claim.access_token,
                                     refresh_token=claim.refresh_token,
                                     progress=claim.progress, dead_items=claim.dead_items,

@@ -120,7 +120,8 @@ def test_a_claim_lost_in_two_crashes_is_not_admitted() -> None:
 
 def test_a_token_pair_the_client_could_not_save_is_handed_to_the_store() -> None:
     assert unsaved_tokens(claim(), out(Kind.SUCCESS, "00000")) is None
-    res = RefreshResult(Outcome(Kind.SUCCESS, "00000"), calls=2, new_access_token="A",
-                        new_refresh_token="R")
+    res = RefreshResult(Outcome(Kind.SUCCESS, "00000"), calls=2, new_access_token="tokA",
+                        new_refresh_token="tokR")
     t = unsaved_tokens(claim(), res)
-    assert t == TokenRefreshed(7, "A", "R") and "A" not in repr(t)
+    # the consent's unique key goes with it: the store seals the pair bound to that row
+    assert t == TokenRefreshed(7, "BANK000001", "u", "tokA", "tokR") and "tok" not in repr(t)

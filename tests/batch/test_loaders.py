@@ -9,12 +9,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.clock import KST
 from batch.config import parse_institutions
+from batch.crypto import TokenColumn, TokenKeyError
 from batch.db import loaders
 from batch.db.loaders import load_consents, load_institutions, load_usage, read_institutions
 from batch.db.schema import consents, institutions, settings, usage_daily
 from batch.errors import ConfigError, InputError
 from planning.calendar import next_due_week
-from tests.sealing import CIPHER
+from tests.sealing import CIPHER, unseal
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=KST)  # a Wednesday; its week starts 2026-11-22
 TOML = """\
@@ -117,7 +118,14 @@ async def test_consents_load_with_due_week_and_not_before(engine: AsyncEngine,
 
     rows = await _rows(engine)
     a1 = rows[("u1", "BANK000001")]
-    assert _opened(a1["access_token"]) == "tokA1" and _opened(a1["refresh_token"]) == "refA1"
+    assert _opened(a1["access_token"]) == "tokA1"
+    assert _opened(a1["refresh_token"], column="refresh_token") == "refA1"
+    # each token is bound to its own row and column: not another consent's, not the other
+    with pytest.raises(TokenKeyError, match="does not belong to this row"):
+        # u1's token at CARD000002, opened as u1's at BANK000001
+        _opened(rows[("u1", "CARD000002")]["access_token"])
+    with pytest.raises(TokenKeyError, match="does not belong to this row"):
+        _opened(a1["access_token"], column="refresh_token")
     assert a1["due_week"] == date(2026, 11, 22)        # fetched last week: due this week
     assert a1["not_before"] == datetime(2026, 11, 22, tzinfo=KST)
     assert a1["status"] == "active"
@@ -178,13 +186,16 @@ async def test_reloading_an_older_file_never_moves_the_schedule_back(
     row = (await _rows(engine))[("u1", "BANK000001")]
     assert row["due_week"] == date(2026, 11, 29)
     assert row["last_scheduled_at"] == datetime(2026, 11, 23, 3, 0, tzinfo=KST)
-    assert _opened(row["access_token"]) == "t1" and _opened(row["refresh_token"]) == "r1"
+    assert _opened(row["access_token"]) == "t1"
+    assert _opened(row["refresh_token"], column="refresh_token") == "r1"
 
 
-def _opened(stored: object) -> str:
-    """A stored token, which must be sealed with the session's key, opened."""
-    assert isinstance(stored, str) and stored.startswith(f"v1.{CIPHER.primary_id}."), stored
-    return CIPHER.decrypt(stored)
+def _opened(stored: object, user_id: str = "u1", org_code: str = "BANK000001",
+            column: TokenColumn = "access_token") -> str:
+    """A stored token, which must be sealed (v2, bound to its row and column) with the
+    session's key, opened."""
+    assert isinstance(stored, str) and stored.startswith(f"v2.{CIPHER.primary_id}."), stored
+    return unseal(stored, org_code, user_id, column)
 
 
 def _bad(body: str) -> str:

@@ -265,8 +265,8 @@ async def _prepare(url: str, insts: Institutions, plan: dict[int, int]) -> Async
             for lo in range(0, per_provider, 20_000):
                 await conn.execute(insert(schema.consents), [
                     {"user_id": f"u{i}", "org_code": p.org_code,
-                     "access_token": seal(f"tok-{p.org_code}-{i}"),
-                     "refresh_token": seal(f"r-{i}"),
+                     "access_token": seal(f"tok-{p.org_code}-{i}", p.org_code, f"u{i}"),
+                     "refresh_token": seal(f"r-{i}", p.org_code, f"u{i}", "refresh_token"),
                      "consented_at": now - timedelta(days=40),
                      "last_scheduled_at": now - timedelta(days=7), "due_week": WEEK,
                      "not_before": now - timedelta(days=40), "updated_at": now}

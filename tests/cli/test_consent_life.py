@@ -22,7 +22,7 @@ from tests.cli.console import (
     snapshot,
     write,
 )
-from tests.sealing import CIPHER
+from tests.sealing import unseal
 
 WEEK = date(2026, 11, 29)
 c = schema.consents.c
@@ -46,7 +46,8 @@ def test_revoke_by_file_and_by_id_erases_tokens_and_stops_the_consent(tmp_path: 
     assert {u: (r.status, r.access_token, r.refresh_token) for u, r in rows.items()
             if u != "u3"} == {"u1": ("revoked", "", None), "u2": ("revoked", "", None)}
     u3 = rows["u3"]  # untouched: still stored sealed
-    assert (u3.status, CIPHER.decrypt(u3.access_token), CIPHER.decrypt(u3.refresh_token)) == (
+    assert (u3.status, unseal(u3.access_token, "BANK000001", "u3"),
+            unseal(u3.refresh_token, "BANK000001", "u3", "refresh_token")) == (
         "active", "tok3", "r3")
     # re-loading the old consents file does not bring the tokens back
     ok(cli("--db", db_url, "load", "consents", str(tmp_path / "consents.csv")))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.console import TOML, cli, load_all, ok, refused, snapshot, write
-from tests.sealing import CIPHER
+from tests.sealing import unseal
 
 BANK_END = TOML.index("[[providers]]\norg_code = \"CARD")
 
@@ -87,7 +87,8 @@ def test_consent_columns_in_any_order_load_the_same(tmp_path: Path, db_url: str)
                 "r1,,BANK000001,2026-01-01T00:00:00+09:00,tok1,u1\n")
     ok(cli("--db", db_url, "load", "consents", str(write(tmp_path, "c.csv", shuffled))))
     rows = snapshot(db_url)["consents"]
-    assert [(r[1], r[2].strip(), CIPHER.decrypt(r[3]), CIPHER.decrypt(r[4])) for r in rows] == [
+    assert [(r[1], r[2].strip(), unseal(r[3], r[2], r[1]),
+             unseal(r[4], r[2], r[1], "refresh_token")) for r in rows] == [
         ("u1", "BANK000001", "tok1", "r1")]
 
 

@@ -10,10 +10,17 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from batch.clock import KST, ScaledClock
-from batch.crypto import KEY_FILE_ENV, KEYS_ENV, TokenCipher, generate_key, stored_key_id
+from batch.crypto import (
+    KEY_FILE_ENV,
+    KEYS_ENV,
+    TokenCipher,
+    TokenSlot,
+    generate_key,
+    stored_key_id,
+)
 from batch.db import schema
 from batch.simulator import Simulator, consent_key
 from tests.cli.console import CONSENTS, cli, load_all, ok, query, refused, snapshot, write
@@ -77,7 +84,8 @@ def test_commands_that_never_touch_tokens_need_no_key(db_url: str, tmp_path: Pat
 def test_keys_generate_prints_a_key_that_seals_and_opens() -> None:
     key = ok(cli("keys", "generate", **{KEYS_ENV: ""})).stdout.strip()
     c = TokenCipher.from_texts([key])
-    assert c.decrypt(c.encrypt("t")) == "t"
+    slot = TokenSlot("BANK000001", "u1", "access_token")
+    assert c.decrypt(c.encrypt("t", slot), slot) == "t"
     assert key != ok(cli("keys", "generate")).stdout.strip()
 
 
@@ -118,6 +126,22 @@ def test_keys_rotate_then_a_run_with_only_the_new_key_calls_with_the_right_token
     (org,) = tokens
     # The simulator saw each consent's real token in Authorization, once.
     assert seen[org] == {consent_key(t): 1 for t in tokens[org]}
+
+
+def test_tokens_swapped_between_two_consent_rows_stop_a_run_in_one_line(
+    db_url: str, tmp_path: Path,
+) -> None:
+    load_all(db_url, tmp_path)
+    c = schema.consents.c
+    (one, a1), (two, a2) = query(db_url, select(c.id, c.access_token).where(
+        c.user_id.in_(["u1", "u3"])).order_by(c.id))  # both at BANK000001
+    query(db_url, update(schema.consents).where(c.id == one).values(access_token=a2))
+    query(db_url, update(schema.consents).where(c.id == two).values(access_token=a1))
+    before = snapshot(db_url)
+    msg = refused(cli("--db", db_url, "run", "--progress", "none"),
+                  f"consent {one}:", "access_token", "does not belong to this row")
+    assert "tok1" not in msg and "tok3" not in msg
+    assert snapshot(db_url) == before  # nothing written, no one called
 
 
 def test_seed_force_with_a_wrong_key_changes_nothing(db_url: str, tmp_path: Path) -> None:

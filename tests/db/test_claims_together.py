@@ -11,7 +11,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.db import schema, work
-from tests.sealing import CIPHER
+from tests.sealing import CIPHER, seal
 
 NOW = datetime(2026, 11, 30, 1, 0, tzinfo=UTC)
 WEEK = date(2026, 11, 29)
@@ -28,7 +28,7 @@ async def _seed(engine: AsyncEngine, n: int) -> None:
         # interleaved ids, so a provider's keyset order is not the table's
         await conn.execute(insert(schema.consents), [
             {"user_id": f"u{i}", "org_code": ORGS[i % len(ORGS)],
-             "access_token": CIPHER.encrypt(f"tok-{i}"),
+             "access_token": seal(f"tok-{i}", ORGS[i % len(ORGS)], f"u{i}"),
              "consented_at": NOW - timedelta(days=30), "due_week": WEEK,
              "not_before": NOW - timedelta(days=30), "updated_at": NOW}
             for i in range(n)])

@@ -39,7 +39,7 @@ from batch.lifecycle import (
     decide,
 )
 from batch.resilience.outcomes import Kind, Outcome
-from tests.sealing import CIPHER
+from tests.sealing import CIPHER, seal, unseal
 
 ORG = "BANK000001"
 WEEK = date(2026, 11, 29)
@@ -72,7 +72,7 @@ class Harness:
                 updated_at=NOW))
             await conn.execute(insert(schema.consents), [
                 {"id": i, "user_id": f"user{i}", "org_code": ORG,
-                 "access_token": CIPHER.encrypt(f"token-{i}"),
+                 "access_token": seal(f"token-{i}", ORG, f"user{i}"),
                  "consented_at": NOW - timedelta(days=30), "due_week": due_week,
                  "not_before": NOW - timedelta(days=1), "updated_at": NOW - timedelta(days=1)}
                 for i in range(1, n + 1)])
@@ -121,7 +121,8 @@ class Harness:
                 if r[k]:  # None (no refresh token) stays None
                     assert stored_key_id(r[k]) == CIPHER.primary_id, (
                         f"{self.name}: consent {r['id']}'s {k} is stored unsealed")
-                    r[k] = CIPHER.decrypt(r[k])
+                    # sealed for its own row (seeded as user<id> at ORG) and column
+                    r[k] = unseal(r[k], ORG, f"user{r['id']}", k)
         return _normal({"consents": cons, "outcomes": outs, "dead_letters": letters,
                         "dead_assets": assets})
 
@@ -202,7 +203,7 @@ async def test_every_transition_kind_writes_the_same_rows_on_every_store(
             NotAttempted(log(6, "rejected", None), progress=Progress(("A3",))),
             DeadLetter(log(7, "client", "40002"), week=WEEK, next_week=NEXT_WEEK, attempts=1,
                        why=WeekResult.FAILED, error="failed: client 40002"),
-            TokenRefreshed(8, "new-access", "new-refresh"),
+            TokenRefreshed(8, ORG, "user8", "new-access", "new-refresh"),
         ], worker="w1")
 
     rows = await same_rows(harnesses, scenario)
@@ -412,8 +413,8 @@ async def test_a_refreshed_token_is_saved_on_its_own_even_without_the_lease(
     async def scenario(h: Harness) -> None:
         await h.seed(2)
         await h.claim("w1")
-        await h.store.save_token(TokenRefreshed(1, "access-1", "refresh-1"))
-        await h.store.save_token(TokenRefreshed(2, "access-2", None))  # no rotation
+        await h.store.save_token(TokenRefreshed(1, ORG, "user1", "access-1", "refresh-1"))
+        await h.store.save_token(TokenRefreshed(2, ORG, "user2", "access-2", None))  # no rotation
 
     rows = await same_rows(harnesses, scenario)
     c = by_id(rows)

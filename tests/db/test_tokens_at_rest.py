@@ -20,7 +20,7 @@ from batch.db.revocation import revoke
 from batch.db.tokens import check_tokens, reseal_all
 from batch.db.work import SqlWorkStore
 from batch.lifecycle import TokenRefreshed
-from tests.sealing import CIPHER, KEY
+from tests.sealing import CIPHER, KEY, seal_v1, unseal
 
 ORG = "BANK000001"
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=KST)
@@ -80,16 +80,20 @@ async def test_a_refreshed_pair_is_stored_sealed_saved_alone_or_with_an_outcome_
 ) -> None:
     store = SqlWorkStore(loaded, CIPHER)
     await _claim_all(store)
-    await store.save_token(TokenRefreshed(1, "simA-new-1", "simR-new-1"))
-    await store.apply([TokenRefreshed(2, "simA-new-2", None)], run_id="r", worker="w1",
-                      day=NOW.date())
+    await store.save_token(TokenRefreshed(1, ORG, "u1", "simA-new-1", "simR-new-1"))
+    await store.apply([TokenRefreshed(2, ORG, "u2", "simA-new-2", None)], run_id="r",
+                      worker="w1", day=NOW.date())
     stored = {i: (a, r) for i, a, r in await _stored(loaded)}
     for i in (1, 2):
         assert "simA" not in stored[i][0] and "simR" not in (stored[i][1] or "")
-    assert CIPHER.decrypt(stored[1][0]) == "simA-new-1"
-    assert CIPHER.decrypt(stored[1][1]) == "simR-new-1"
-    assert CIPHER.decrypt(stored[2][0]) == "simA-new-2"
-    assert CIPHER.decrypt(stored[2][1]) == "plainRT002"  # not rotated: kept
+        assert stored[i][0].startswith(f"v2.{CIPHER.primary_id}.")
+    # sealed bound to the consent and column they were saved for
+    assert unseal(stored[1][0], ORG, "u1") == "simA-new-1"
+    assert unseal(stored[1][1], ORG, "u1", "refresh_token") == "simR-new-1"
+    assert unseal(stored[2][0], ORG, "u2") == "simA-new-2"
+    assert unseal(stored[2][1], ORG, "u2", "refresh_token") == "plainRT002"  # kept
+    with pytest.raises(TokenKeyError, match="does not belong to this row"):
+        unseal(stored[1][0], ORG, "u2")
     await store.release([1, 2, 3], worker="w1")
     again = {c.id: c for c in await _claim_all(store, "w2")}
     assert (again[1].access_token, again[1].refresh_token) == ("simA-new-1", "simR-new-1")
@@ -164,3 +168,94 @@ async def test_revoke_erases_the_tokens_without_a_key(loaded: AsyncEngine) -> No
     assert [(a, r) for _i, a, r in await _stored(loaded)] == [("", None)] * 3
     # Nothing sealed is left: any key passes the check.
     await check_tokens(loaded, TokenCipher.from_texts([generate_key()]))
+
+
+async def _set_tokens(engine: AsyncEngine, cid: int, **values: Any) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(update(schema.consents).where(schema.consents.c.id == cid)
+                           .values(**values))
+
+
+async def test_a_token_moved_to_another_consent_row_does_not_open_there(
+    loaded: AsyncEngine,
+) -> None:
+    # Someone with write access to the table swaps u1's and u2's sealed access tokens.
+    stored = {i: (a, r) for i, a, r in await _stored(loaded)}
+    await _set_tokens(loaded, 1, access_token=stored[2][0])
+    await _set_tokens(loaded, 2, access_token=stored[1][0])
+    # The check every token command starts with (it opens consent 1's, the first row).
+    with pytest.raises(TokenKeyError, match="does not belong to this row") as e:
+        await check_tokens(loaded, CIPHER)
+    assert "\n" not in str(e.value) and str(e.value).startswith("consent 1: ")
+    assert "plainAT" not in str(e.value)
+    # A claim never hands out another user's token.
+    with pytest.raises(TokenKeyError, match="does not belong to this row") as e:
+        await _claim_all(SqlWorkStore(loaded, CIPHER))
+    assert "\n" not in str(e.value) and "access_token" in str(e.value)
+    # Put back, both open again (the failed claim's leases given back first: a claim that
+    # cannot open its tokens hands nothing out, its rows stay leased until then).
+    await SqlWorkStore(loaded, CIPHER).release([1, 2, 3], worker="w1")
+    await _set_tokens(loaded, 1, access_token=stored[1][0])
+    await _set_tokens(loaded, 2, access_token=stored[2][0])
+    await check_tokens(loaded, CIPHER)
+    assert len(await _claim_all(SqlWorkStore(loaded, CIPHER), "w2")) == 3
+
+
+async def test_a_token_moved_from_access_token_to_refresh_token_does_not_open(
+    loaded: AsyncEngine,
+) -> None:
+    (first, access, _refresh), *_ = await _stored(loaded)
+    await _set_tokens(loaded, first, refresh_token=access)  # same row, the other column
+    with pytest.raises(TokenKeyError, match=r"refresh_token .*does not belong to this row"):
+        await check_tokens(loaded, CIPHER)
+    with pytest.raises(TokenKeyError, match="does not belong to this row") as e:
+        await _claim_all(SqlWorkStore(loaded, CIPHER))
+    assert "\n" not in str(e.value)
+
+
+async def test_v1_tokens_still_open_and_rotation_binds_them_as_v2(
+    loaded: AsyncEngine,
+) -> None:
+    # A database written before the binding: every token v1 (no associated data).
+    for cid in (1, 2, 3):
+        await _set_tokens(loaded, cid, access_token=seal_v1(f"oldAT{cid}"),
+                          refresh_token=seal_v1(f"oldRT{cid}"))
+    stored = await _stored(loaded)
+    assert all(a.startswith(f"v1.{CIPHER.primary_id}.") for _i, a, _r in stored)
+    assert not any(CIPHER.is_current(a) for _i, a, _r in stored)  # v1: rotate it
+    found = await check_tokens(loaded, CIPHER)
+    assert found.by_key == {CIPHER.primary_id: 6} and found.plain == 0
+    store = SqlWorkStore(loaded, CIPHER)
+    assert sorted((c.access_token, c.refresh_token) for c in await _claim_all(store)) == [
+        (f"oldAT{i}", f"oldRT{i}") for i in (1, 2, 3)]
+    await store.release([1, 2, 3], worker="w1")
+
+    done = await reseal_all(loaded, CIPHER)  # the same key: v1 -> v2
+    assert (done.seen, done.resealed, done.skipped) == (3, 3, 0)
+    after = await _stored(loaded)
+    for cid, access, refresh in after:
+        assert access.startswith(f"v2.{CIPHER.primary_id}.") and CIPHER.is_current(access)
+        assert unseal(access, ORG, f"u{cid}") == f"oldAT{cid}"
+        assert unseal(refresh, ORG, f"u{cid}", "refresh_token") == f"oldRT{cid}"
+    assert (await reseal_all(loaded, CIPHER)).resealed == 0  # nothing left to do
+    assert sorted(c.access_token for c in await _claim_all(store, "w2")) == [
+        "oldAT1", "oldAT2", "oldAT3"]
+    # Now bound: moved to another row, it no longer opens there.
+    await _set_tokens(loaded, 1, access_token=after[1][1])
+    with pytest.raises(TokenKeyError, match="does not belong to this row"):
+        await check_tokens(loaded, CIPHER)
+
+
+async def test_load_claim_refresh_claim_round_trip(loaded: AsyncEngine) -> None:
+    store = SqlWorkStore(loaded, CIPHER)
+    (one, *_rest) = sorted(await _claim_all(store), key=lambda c: c.id)
+    assert (one.access_token, one.refresh_token) == ("plainAT001", "plainRT001")
+    # the runner's path: the pair the provider handed out, saved for the claim's consent
+    await store.save_token(TokenRefreshed.of(one, "simA-rt-1", "simR-rt-1"))
+    await store.apply([TokenRefreshed.of(one, "simA-rt-2")], run_id="r", worker="w1",
+                      day=NOW.date())
+    await store.release([1, 2, 3], worker="w1")
+    await check_tokens(loaded, CIPHER)
+    again = {c.id: c for c in await _claim_all(store, "w2")}
+    assert (again[1].access_token, again[1].refresh_token) == ("simA-rt-2", "simR-rt-1")
+    assert (again[2].access_token, again[2].refresh_token) == ("plainAT002", "plainRT002")

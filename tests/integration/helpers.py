@@ -66,8 +66,10 @@ async def populate(engine: AsyncEngine, insts: Institutions, *, per_provider: in
             toks = [f"tok-{p.org_code}-{i:05d}" for i in range(per_provider)]
             tokens[p.org_code] = toks
             await conn.execute(insert(schema.consents), [
-                {"user_id": f"user{i}", "org_code": p.org_code, "access_token": seal(t),
-                 "refresh_token": seal(f"r{t}"), "consented_at": now - timedelta(days=40),
+                {"user_id": f"user{i}", "org_code": p.org_code,
+                 "access_token": seal(t, p.org_code, f"user{i}"),
+                 "refresh_token": seal(f"r{t}", p.org_code, f"user{i}", "refresh_token"),
+                 "consented_at": now - timedelta(days=40),
                  "last_scheduled_at": now - timedelta(days=7), "due_week": WEEK,
                  "not_before": now - timedelta(days=40), "updated_at": now}
                 for i, t in enumerate(toks)

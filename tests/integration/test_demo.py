@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from batch.clock import KST, ScaledClock
-from batch.crypto import KEY_FILE_ENV, KEYS_ENV
+from batch.crypto import KEY_FILE_ENV, KEYS_ENV, TokenSlot
 from batch.demo import KEY_FILE, demo_cipher
 from tests.integration.helpers import subprocess_env
 from tests.integration.test_tokens_dump import full_dump
-from tests.sealing import CIPHER
+from tests.sealing import CIPHER, unseal
 
 pytestmark = pytest.mark.integration
 
@@ -61,17 +61,20 @@ def _stored_tokens(db: Path) -> set[str]:
 
     conn = sqlite3.connect(db)
     try:
-        rows = conn.execute("SELECT access_token, refresh_token FROM consents").fetchall()
+        rows = conn.execute(
+            "SELECT org_code, user_id, access_token, refresh_token FROM consents").fetchall()
     finally:
         conn.close()
-    return {CIPHER.decrypt(t) for r in rows for t in r if t}
+    return {unseal(t, org, user, column) for org, user, *pair in rows
+            for column, t in zip(("access_token", "refresh_token"), pair, strict=True) if t}
 
 
 def test_the_demo_makes_its_own_key_unless_the_environment_gives_one(tmp_path: Path) -> None:
     cipher, where = demo_cipher(tmp_path, {})
     key_file = tmp_path / KEY_FILE
     assert where == str(key_file) and key_file.stat().st_mode & 0o777 == 0o600
-    assert cipher.decrypt(cipher.encrypt("t")) == "t"
+    slot = TokenSlot("BANK000001", "u1", "refresh_token")
+    assert cipher.decrypt(cipher.encrypt("t", slot), slot) == "t"
     again, _ = demo_cipher(tmp_path, {})  # each demo starts afresh, with a new key
     assert again.primary_id != cipher.primary_id
     key_file.unlink()

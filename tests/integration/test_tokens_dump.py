@@ -24,7 +24,7 @@ from batch.simulator import Behaviour, Scenario, Simulator
 from planning.windows import parse_window
 from tests.cli.console import cli, ok, write
 from tests.integration.helpers import free_ports, institutions_toml, make_institutions
-from tests.sealing import CIPHER
+from tests.sealing import CIPHER, unseal
 
 pytestmark = pytest.mark.integration
 START = datetime(2026, 11, 30, 0, 59, 57, tzinfo=KST)
@@ -73,13 +73,17 @@ async def test_a_full_dump_after_a_load_and_a_run_holds_no_token(db_url: str,
         assert t["planned"] > 0 and t["succeeded"] == t["planned"], res.summary.to_json()
         c = schema.consents.c
         async with engine.connect() as conn:
-            stored = (await conn.execute(select(c.access_token, c.refresh_token))).all()
+            stored = (await conn.execute(select(c.org_code, c.user_id, c.access_token,
+                                                c.refresh_token))).all()
     finally:
         await engine.dispose()
 
     # Stored sealed; opened, some are the pairs the simulator handed out on refresh.
-    assert all(stored_key_id(t) == CIPHER.primary_id for pair in stored for t in pair)
-    opened = {CIPHER.decrypt(t) for pair in stored for t in pair}
+    assert all(stored_key_id(t) == CIPHER.primary_id for _o, _u, *pair in stored for t in pair)
+    assert all(t.startswith("v2.") for _o, _u, *pair in stored for t in pair)
+    # each opens on its own row and column (refreshed ones too: sealed bound by the store)
+    opened = {unseal(a, o, u) for o, u, a, _r in stored} | {
+        unseal(r, o, u, "refresh_token") for o, u, _a, r in stored}
     refreshed = {t for t in opened if t.startswith(("simA", "simR"))}
     assert refreshed, "the run refreshed no token: the test would prove nothing about them"
 
