@@ -114,6 +114,7 @@ class ProviderDispatcher:
         breaker_state: Callable[[], str] = lambda: "closed",
         allowance: StartAllowance | None = None,
         max_in_flight: Callable[[], int] | None = None,
+        phase: float | None = None,
     ) -> None:
         self.org_code = org_code
         self._store = store
@@ -149,6 +150,11 @@ class ProviderDispatcher:
         # Each provider's slices start at its own offset into the first half of the slice,
         # so hundreds of providers in one process do not all wake at the same instant.
         self._phase = zlib.crc32(org_code.encode()) % 1000 / 1000 * SLICE_SECONDS / 2
+        #: where in each claim interval this provider's producer wakes, a fraction in [0, 1)
+        #: (see _next_claim); the run gives provider i of N the phase i/N, so N producers'
+        #: claims are spread evenly over the second; by default one from the org code
+        self._claim_phase = (phase if phase is not None
+                             else zlib.crc32(org_code.encode()) % 1000 / 1000) % 1.0
         writer.watch(org_code, self._held.discard)
 
     # -- quota bookkeeping -------------------------------------------------------------
@@ -211,7 +217,7 @@ class ProviderDispatcher:
             if self._clock.monotonic() >= renew_at:
                 renew_at = self._clock.monotonic() + self._settings.lease.total_seconds() / 3
                 await self._renew()
-            nxt = max(nxt + self._settings.claim_interval, self._clock.monotonic())
+            nxt = self._next_claim(max(nxt, self._clock.monotonic()))
             try:
                 async with self._clock.timeout(nxt - self._clock.monotonic()):
                     await self._nudge.wait()
@@ -219,6 +225,20 @@ class ProviderDispatcher:
             except TimeoutError:
                 pass
             self._nudge.clear()
+
+    def _next_claim(self, after: float) -> float:
+        """The producer's next wake-up: the first instant after ``after`` on this provider's
+        own grid, ``claim_phase`` of the way into each claim interval of the monotonic clock.
+
+        Without it, every producer in the process woke at the same instants (they all start
+        together and are nudged together at each minute's start), so with 300 providers
+        their claims, lease renewals and the handling of what came back landed in the same
+        loop iterations, once a second, and every slice tick due meanwhile waited behind
+        them. A nudge (the rate changed) still wakes the producer at once."""
+        iv = self._settings.claim_interval
+        off = self._claim_phase * iv
+        # the small tolerance: woken a hair before the slot, the next one is the one after
+        return off + (math.floor((after - off) / iv + 1e-6) + 1) * iv
 
     def _want(self) -> int:
         """How many to claim now: nothing outside a minute with work (an idle provider
