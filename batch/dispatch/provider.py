@@ -114,7 +114,7 @@ class ProviderDispatcher:
         breaker_state: Callable[[], str] = lambda: "closed",
         allowance: StartAllowance | None = None,
         max_in_flight: Callable[[], int] | None = None,
-        phase: float | None = None,
+        phase: float = 0.0,
     ) -> None:
         self.org_code = org_code
         self._store = store
@@ -150,11 +150,13 @@ class ProviderDispatcher:
         # Each provider's slices start at its own offset into the first half of the slice,
         # so hundreds of providers in one process do not all wake at the same instant.
         self._phase = zlib.crc32(org_code.encode()) % 1000 / 1000 * SLICE_SECONDS / 2
-        #: where in each claim interval this provider's producer wakes, a fraction in [0, 1)
-        #: (see _next_claim); the run gives provider i of N the phase i/N, so N producers'
-        #: claims are spread evenly over the second; by default one from the org code
-        self._claim_phase = (phase if phase is not None
-                             else zlib.crc32(org_code.encode()) % 1000 / 1000) % 1.0
+        #: where in each period of its own this provider does its periodic work, a fraction
+        #: in [0, 1): its producer's wake-ups in each claim interval (_next_claim), and the
+        #: slices its starts fall in when a slice's share is fractional (slice_counts); the
+        #: run gives provider i of N the phase i/N, so N providers' work is spread evenly
+        if not 0.0 <= phase < 1.0:
+            raise ValueError("phase must be in [0, 1)")
+        self._period_phase = phase
         writer.watch(org_code, self._held.discard)
 
     # -- quota bookkeeping -------------------------------------------------------------
@@ -236,7 +238,7 @@ class ProviderDispatcher:
         loop iterations, once a second, and every slice tick due meanwhile waited behind
         them. A nudge (the rate changed) still wakes the producer at once."""
         iv = self._settings.claim_interval
-        off = self._claim_phase * iv
+        off = self._period_phase * iv
         # the small tolerance: woken a hair before the slot, the next one is the one after
         return off + (math.floor((after - off) / iv + 1e-6) + 1) * iv
 
@@ -336,7 +338,7 @@ class ProviderDispatcher:
             usable = max(1, k_end - k0)
             self._rate = n / (usable * SLICE_SECONDS)
             self._nudge.set()
-            counts = slice_counts(n, usable)
+            counts = slice_counts(n, usable, self._period_phase)
             self._mark_soon()
             owed = due = 0
             started = 0
