@@ -302,7 +302,7 @@ def build_pieces(inputs: RunInputs, plans: DayPlans, options: RunOptions, *,
                 p.org_code, day=today, quota=quota,
                 attempted_before=attempted_before.get(p.org_code, 0), run_id=options.run_id),
             max_in_flight=_in_flight_cap(chain),
-            # the i-th of N providers does its periodic work i/N of the way into each period
+            # the i-th of N providers' starts fall i/N along the slices' carried fraction
             phase=index / len(inputs.providers),
         ))
     return Pieces(store, writer, http, dispatchers, chains, obs, inputs.node_id)
