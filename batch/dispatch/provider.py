@@ -17,13 +17,15 @@ Each provider also has a phase in [0, 1) (the run gives the i-th of N providers 
 starts fall in the slices that far along the carried fraction (``slice_counts``; the minute's
 count is the same), so N providers' starts are spread over the slices instead of all landing
 in the same ones (at 2 refreshes/s, every provider started in one slice of five, and every
-tick due there waited behind all their refreshes). Measured with 100 providers at 2
-refreshes/s on PostgreSQL (MANY_BENCH_PROVIDERS=100 tests/bench/test_many_providers.py, load
-1.2-2.5): the worst provider's lateness p50 31-39 -> 3.4 ms, p99 98-122 -> 36 ms, 73-237 -> 0
-missed slices of 24,000, at 33 % of a core instead of 22 %. The producers keep their common
-cadence on purpose: the store gathers claims asked in the same turn into one statement, and
-phasing the producers too (i/N of the second) was measured to cost 10 points of a core and
-~50 statements/s more for no better p50.
+tick due there waited behind all their refreshes). Measured on PostgreSQL with
+tests/bench/test_many_providers.py, one after the other at load 1.2-2.0: 300 providers, the
+worst provider's lateness p50 79 -> 9.4 ms, p99 297 -> 45 ms, 7,458 -> 36 missed slices of
+72,000, 71 -> 69 % of a core; 100 providers (MANY_BENCH_PROVIDERS=100, load 0.9-2.5) p50
+31-39 -> 2.4-3.4 ms, p99 98-122 -> 12-36 ms, 73-237 -> 0 missed. On a machine shared at
+load 3.5 and more, with or without the phase, 300 providers do not keep up. The producers
+keep their common cadence on purpose: the store gathers claims asked in the same turn into
+one statement, and phasing the producers too (i/N of the second) was measured to cost 10
+points of a core and ~50 statements/s more for no better p50.
 """
 
 from __future__ import annotations
