@@ -9,14 +9,20 @@ SLICES_PER_MINUTE = 600
 SLICE_SECONDS = 60.0 / SLICES_PER_MINUTE
 
 
-def slice_counts(n: int, slices: int = SLICES_PER_MINUTE) -> list[int]:
+def slice_counts(n: int, slices: int = SLICES_PER_MINUTE, phase: float = 0.0) -> list[int]:
     """``n`` starts spread over ``slices`` slices, carrying the fraction: sums to exactly n.
 
-    Slice k gets floor((k+1)n/s) - floor(kn/s): never more than ceil(n/s), never bursty.
+    Slice k gets floor(((k+1)n + c)/s) - floor((kn + c)/s): never more than ceil(n/s), never
+    bursty. ``phase`` (in [0, 1)) is where the carried fraction starts, c = floor(phase * s):
+    it moves which slices get the starts when n/s is not whole (at 2 refreshes/s, one slice
+    in five), never how many the slices add up to (floor(c/s) = 0, so still exactly n).
     """
     if n < 0 or slices <= 0:
         raise ValueError("n must be >= 0 and slices > 0")
-    return [((k + 1) * n) // slices - (k * n) // slices for k in range(slices)]
+    if not 0.0 <= phase < 1.0:
+        raise ValueError("phase must be in [0, 1)")
+    c = int(phase * slices)
+    return [((k + 1) * n + c) // slices - (k * n + c) // slices for k in range(slices)]
 
 
 def minute_target(

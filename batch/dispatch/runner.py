@@ -271,7 +271,7 @@ def build_pieces(inputs: RunInputs, plans: DayPlans, options: RunOptions, *,
                         options=options.observe)
     # cluster mode: one circuit per provider across the workers (batch/cluster/circuit_node.py)
     node = None if options.cluster is None else options.cluster.circuit_node(options.worker_id)
-    for p in inputs.providers:
+    for index, p in enumerate(inputs.providers):
         plan = plans.plans.get(p.org_code)
         quota = plan.batch_quota if plan else 0
         cap = ProviderLimits.from_provider(p).per_minute_cap
@@ -310,6 +310,8 @@ def build_pieces(inputs: RunInputs, plans: DayPlans, options: RunOptions, *,
                 p.org_code, day=today, quota=quota,
                 attempted_before=attempted_before.get(p.org_code, 0), run_id=options.run_id),
             max_in_flight=_in_flight_cap(chain),
+            # the i-th of N providers' starts fall i/N along the slices' carried fraction
+            phase=index / len(inputs.providers),
         ))
     return Pieces(store, writer, http, dispatchers, chains, obs, inputs.node_id)
 

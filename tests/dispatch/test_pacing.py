@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections import Counter
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,6 +14,23 @@ def test_slices_add_up_exactly_and_never_burst(n: int) -> None:
     assert len(counts) == 600
     assert sum(counts) == n
     assert max(counts) - min(counts) <= 1
+
+
+@given(st.integers(min_value=0, max_value=100_000), st.integers(1, 600),
+       st.floats(min_value=0.0, max_value=1.0, exclude_max=True))
+def test_a_phase_moves_the_starts_never_their_count(n: int, slices: int, phase: float) -> None:
+    counts = slice_counts(n, slices, phase)
+    assert len(counts) == slices
+    assert sum(counts) == n
+    assert max(counts) - min(counts) <= 1
+
+
+def test_providers_at_phases_i_over_n_start_in_every_slice_evenly() -> None:
+    # 300 providers at 2 refreshes/s: one slice in five each; by phase, 60 in every slice.
+    firsts = Counter(slice_counts(120, 600, i / 300).index(1) % 5 for i in range(300))
+    assert sorted(firsts.values()) == [60] * 5
+    # without a phase, all 300 would start in the same slices
+    assert slice_counts(120, 600, 0.0).index(1) == 4
 
 
 def test_a_minute_of_1000_starts_one_or_two_per_slice_in_order() -> None:

@@ -25,7 +25,7 @@ OK = Outcome(Kind.SUCCESS, "00000", 200)
 def _setup(n_consents: int, minutes: dict[int, int], *, quota: int | None = None,
            refresh: object = None, breaker_open: object = None,
            start: datetime | None = None, store: MemoryWorkStore | None = None,
-           max_in_flight: int | None = None,
+           max_in_flight: int | None = None, phase: float = 0.0,
            ) -> tuple[FakeClock, MemoryWorkStore,
                                                    ProviderDispatcher, OutcomeWriter,
                                                    list[tuple[float, int]]]:
@@ -46,6 +46,7 @@ def _setup(n_consents: int, minutes: dict[int, int], *, quota: int | None = None
         minutes=minutes, per_minute_cap=100_000,
         breaker_open=breaker_open or (lambda: False),  # type: ignore[arg-type]
         max_in_flight=None if max_in_flight is None else (lambda: max_in_flight),
+        phase=phase,
     )
     return clock, store, d, writer, starts
 
@@ -345,6 +346,20 @@ async def test_a_provider_with_nothing_this_minute_makes_no_claim_query() -> Non
     first = min(store.claims_at)
     assert first >= datetime(2026, 11, 30, 1, 4, 55, tzinfo=KST)  # just ahead of 01:05
     assert len(store.claims_at) <= 4  # a refill of at least min_claim, not one a second
+
+
+async def test_a_providers_phase_places_its_starts_not_their_count() -> None:
+    # 01:00 -> 120 (2/s): at phase 0.5 the starts fall in other slices than at phase 0,
+    # each minute's count the same.
+    runs = {}
+    for phase in (0.0, 0.5):
+        clock, _, d, writer, starts = _setup(300, {60: 120, 61: 120}, phase=phase)
+        await _run(clock, d, writer, 200)
+        assert len(starts) == 240 and d.stats.missed_slices == 0
+        assert [m.started for m in d.stats.minutes] == [120, 120]
+        # the first minute's slices, one in five (the second ends its window: 50 s of slices)
+        runs[phase] = {round((t - 60.0 - d._phase) * 10) % 5 for t, _ in starts if t < 120}
+    assert runs[0.0] == {4} and runs[0.5] == {2}
 
 
 async def test_a_slow_provider_ticks_only_its_starts_and_still_sees_a_stop() -> None:
