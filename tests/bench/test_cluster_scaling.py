@@ -96,7 +96,7 @@ def _one(pg_url: str, tmp_path: Path, workers: int, cps: int, per_provider: int,
 
 #: calls in flight per provider one worker is sized for in the "free" case (run
 #: --concurrency): 2 providers x 10 at 50 ms are at most 400 calls/s, a quarter of a core
-WORKER_CONCURRENCY = 10
+WORKER_CONCURRENCY = int(os.environ.get("BENCH_WORKER_CONCURRENCY", "10"))
 
 
 @pytest.mark.parametrize("case", ["free", "saturated", "binding", "binding-100"])

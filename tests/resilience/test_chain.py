@@ -22,7 +22,7 @@ from batch.resilience import (
     StateChanged,
     WindowType,
 )
-from batch.resilience.outcomes import Kind, Layer
+from batch.resilience.outcomes import Kind, Layer, Outcome
 from tests.resilience.fakes import FAULT, OK, Provider, drive, drive_all
 
 BREAKER = BreakerSettings(window_type=WindowType.COUNT, window_size=4, minimum_calls=4,
@@ -230,3 +230,30 @@ async def test_a_call_that_wakes_too_late_for_its_slot_takes_the_next_one_once()
     assert (await drive(clock, c.call(provider))).kind is Kind.SUCCESS
     assert provider.starts[-1] == pytest.approx(0.57)
     assert c.limiter.late_slots == 2
+
+
+async def test_a_call_that_missed_its_slot_waiting_for_the_bulkhead_keeps_its_permit() -> None:
+    # 100 calls/s (a slot every 10 ms, 5 ms late at most), one call in flight, 50 ms each:
+    # the queued calls reach the bulkhead long after their slots. Each takes a new slot but
+    # keeps the permit it was handed: the others stay queued behind it, in order, and the
+    # permit never goes round the queue of waiters (each as late) while none of them calls.
+    from batch.resilience.settings import BulkheadSettings
+
+    clock = FakeClock()
+    s = ChainSettings(breaker=BREAKER, retry=RetrySettings(max_attempts=1, budget_floor=100),
+                      limiter=LimiterSettings(calls_per_second=100, burst=1, max_wait=5),
+                      bulkhead=BulkheadSettings(max_concurrent=1, max_wait=5))
+    c = ProviderChain("BANK000001", s, clock=clock, random=lambda: 0.0)
+    provider = Provider(clock, latency=0.05)
+    queued_at_start: list[int] = []
+
+    async def attempt(timeout_s: float) -> Outcome:
+        queued_at_start.append(c.bulkhead.waiting)
+        return await provider(timeout_s)
+
+    outs = await drive_all(clock, [c.call(attempt) for _ in range(4)])
+    assert all(o.kind is Kind.SUCCESS for o in outs)
+    assert provider.starts == pytest.approx([0.0, 0.05, 0.10, 0.15])
+    assert queued_at_start == [0, 2, 1, 0]  # the first went before the others queued
+    assert c.limiter.late_slots == 3
+    assert c.bulkhead.in_use == 0
