@@ -19,6 +19,7 @@ from batch.db import schema
 from batch.db.loaders import load_institutions
 from batch.dispatch.runner import (
     DayPlans,
+    RunInputs,
     RunOptions,
     build_pieces,
     ensure_plan,
@@ -255,10 +256,7 @@ async def test_build_gives_each_dispatcher_only_minutes_inside_its_current_windo
 async def test_concurrency_caps_each_providers_bulkhead_below_its_max_concurrency(
     engine: AsyncEngine,
 ) -> None:
-    await _saved_plan(engine, '["0000:0600"]', when=AFTER_WINDOW)
-    clock = FakeClock(AFTER_WINDOW)
-    inputs = await read_inputs(engine, cipher=CIPHER, clock=clock, options=_options())
-    plans = await ensure_plan(engine, inputs, _options())
+    clock, inputs, plans = await _planned(engine)
     limits = {}
     for cap in (None, 3, 500):
         pieces = build_pieces(inputs, plans, _options(concurrency=cap), engine=engine,
@@ -273,15 +271,20 @@ async def test_concurrency_caps_each_providers_bulkhead_below_its_max_concurrenc
         _options(concurrency=0)
 
 
+async def _planned(engine: AsyncEngine) -> tuple[FakeClock, RunInputs, DayPlans]:
+    """After the windows: a saved plan, the run's inputs and its plans (steps 1 and 2)."""
+    await _saved_plan(engine, '["0000:0600"]', when=AFTER_WINDOW)
+    clock = FakeClock(AFTER_WINDOW)
+    inputs = await read_inputs(engine, cipher=CIPHER, clock=clock, options=_options())
+    return clock, inputs, await ensure_plan(engine, inputs, _options())
+
+
 # --- step 4 and 5: execute, record; a failed run --------------------------------------------
 
 async def test_execute_with_nothing_planned_ends_at_once_and_writes_everything(
     engine: AsyncEngine,
 ) -> None:
-    await _saved_plan(engine, '["0000:0600"]', when=AFTER_WINDOW)
-    clock = FakeClock(AFTER_WINDOW)
-    inputs = await read_inputs(engine, cipher=CIPHER, clock=clock, options=_options())
-    plans = await ensure_plan(engine, inputs, _options())
+    clock, inputs, plans = await _planned(engine)
     pieces = build_pieces(inputs, plans, _options(), engine=engine, cipher=CIPHER,
                           clock=clock,
                           attempted_before={}, http_factory=lambda n: httpx.AsyncClient())

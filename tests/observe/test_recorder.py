@@ -3,6 +3,7 @@ Resilience4j users expect; the textfile parses with Prometheus' own parser."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
@@ -10,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from batch.clock import FakeClock
+from batch.dispatch.stats import ProviderStats
 from batch.observe.collector import RunCollector
 from batch.observe.exposition import write_textfile
 from batch.observe.recorder import ChainRecorder
@@ -39,6 +41,16 @@ def make(clock: FakeClock, rec: ChainRecorder, *, max_attempts: int = 3,
     chain = ProviderChain(ORG, s, clock=clock, random=lambda: 0.0, listeners=[rec])
     rec.track(ORG, max_attempts=max_attempts)
     return chain
+
+
+@dataclass
+class FakeDispatcher:
+    """What the collector reads of a dispatcher."""
+
+    org_code: str
+    stats: ProviderStats
+    remaining: int = 0
+    queue_depth: int = 0
 
 
 def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -166,23 +178,6 @@ def test_labels_are_bounded_to_provider_and_classes() -> None:
 
 
 def test_the_started_counter_never_goes_down_when_our_own_refusals_give_starts_back() -> None:
-    from dataclasses import dataclass
-
-    from batch.dispatch.stats import ProviderStats
-
-    @dataclass
-    class FakeDispatcher:
-        org_code: str
-        stats: ProviderStats
-
-        @property
-        def remaining(self) -> int:
-            return 0
-
-        @property
-        def queue_depth(self) -> int:
-            return 0
-
     d = FakeDispatcher(ORG, ProviderStats(ORG, day_quota=5))
     reg = CollectorRegistry(auto_describe=False)
     reg.register(RunCollector(ChainRecorder(), dispatchers=lambda: (d,)))
@@ -201,26 +196,10 @@ async def test_label_values_stay_bounded_after_traffic_of_every_kind() -> None:
     goes through the chain (each attempt with its own x-api-tran-id), a dispatcher reports
     every action, and every label *value* must come from a fixed set: never a tran id,
     consent or user id."""
-    from dataclasses import dataclass
-
-    from batch.dispatch.stats import ProviderStats
     from batch.lifecycle import Step
     from batch.observe.recorder import BREAKER_KINDS, BREAKER_STATES, KINDS, RETRY_KINDS
     from batch.resilience.outcomes import Layer
     from tests.resilience.fakes import BAD_REQUEST, DEAD
-
-    @dataclass
-    class FakeDispatcher:
-        org_code: str
-        stats: ProviderStats
-
-        @property
-        def remaining(self) -> int:
-            return 1
-
-        @property
-        def queue_depth(self) -> int:
-            return 2
 
     clock = FakeClock()
     rec = ChainRecorder()
@@ -239,7 +218,8 @@ async def test_label_values_stay_bounded_after_traffic_of_every_kind() -> None:
         stats.by_action[step.value] += 1
     stats.lateness += [0.001, 0.3]
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(RunCollector(rec, dispatchers=lambda: (FakeDispatcher(ORG, stats),)))
+    reg.register(RunCollector(rec, dispatchers=lambda: (
+        FakeDispatcher(ORG, stats, remaining=1, queue_depth=2),)))
 
     values = {"provider": {ORG}, "outcome": set(KINDS),
               "kind": set(BREAKER_KINDS) | set(RETRY_KINDS), "state": set(BREAKER_STATES),
