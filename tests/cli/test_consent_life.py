@@ -171,3 +171,22 @@ def test_requeue_naming_nothing_is_an_error_and_changes_nothing(tmp_path: Path,
     assert snapshot(db_url) == before
     assert ok(cli("--db", db_url, "requeue", "--org", "BANK000001")).stdout.strip() == (
         "no open dead letters of BANK000001; nothing requeued")
+
+
+# --- a plan made before the files were loaded again -------------------------------------------
+
+def test_a_plan_saved_before_consents_are_loaded_again_is_stale_and_the_run_remakes_it(
+        tmp_path: Path, db_url: str) -> None:
+    load_all(db_url, tmp_path)
+    ok(cli("--db", db_url, "plan", "--save"))
+    assert "stale" not in ok(cli("--db", db_url, "plan")).stderr
+    ok(cli("--db", db_url, "load", "consents", str(tmp_path / "consents.csv")))
+    res = ok(cli("--db", db_url, "plan"))
+    stale = [ln for ln in res.stderr.splitlines() if "stale" in ln]
+    assert len(stale) == 1 and "consents loaded again" in stale[0], res.stderr
+    # 12:00 KST: CARD000002's window (00:00-06:00) is over, so the run plans and ends
+    run = cli("--db", db_url, "run", "--only", "CARD000002", "--json", "--progress", "none")
+    assert run.returncode in (0, 1) and "Traceback" not in run.stderr, run.stderr
+    summary = json.loads(run.stdout)
+    assert summary["replanned"] == "consents loaded again since the plan was made"
+    assert "stale" not in ok(cli("--db", db_url, "plan")).stderr  # the run saved a new one
