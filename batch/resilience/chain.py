@@ -174,10 +174,9 @@ class ProviderChain:
                 if now != slot_at and not late and limiter.late(slot_at, now):
                     # A stall, or the wait for the bulkhead, made this call miss its slot:
                     # it takes the next one (once: a worker that is always late would
-                    # otherwise spend every slot missing it), keeping its permit. Handing
-                    # the permit on instead sent it round the queue of waiters, each as late,
-                    # while the provider's concurrency sat idle (measured in cluster mode:
-                    # every call a permit ~12 ms longer, 2 workers at 1.66x of one, not 2x).
+                    # otherwise spend every slot missing it), keeping its permit: handed on,
+                    # the permit went round the queue of waiters, each as late, while none
+                    # of them called (tests/resilience/test_chain.py pins the order).
                     late = True
                     held = True
                     continue
