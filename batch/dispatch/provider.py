@@ -60,6 +60,8 @@ MARK_AHEAD_SECONDS = 1.0
 
 #: the longest a consumer sleeps without looking at the stop event
 STOP_CHECK_SECONDS = 1.0
+#: slices between two looks at the cluster's day in its last minute (``_topup``)
+TOPUP_SLICES = 10
 
 #: refresh(claim, not_after): not_after is the monotonic time no call may start after
 RefreshFn = Callable[[work.Claim, float | None], Awaitable[RefreshResult]]
@@ -322,7 +324,10 @@ class ProviderDispatcher:
             last = i == len(self._minutes) - 1
             n = n_full if last else n_full * (SLICES_PER_MINUTE - k0) // SLICES_PER_MINUTE
             self.stats.minute_planned, self.stats.minute_started = n, 0
-            if n == 0:
+            # Cluster mode, the day's last minute: starts a dead worker leaves come back to
+            # the day's quota mid-minute; nobody would start them after the minute's count.
+            topup = last and self._allowance is not None
+            if n == 0 and not topup:
                 continue
             # The window segment this minute belongs to ends at ``end``; nothing starts in
             # its last finish_margin seconds, and no call at all after it.
@@ -340,8 +345,9 @@ class ProviderDispatcher:
             self._mark_soon()
             owed = due = 0
             started = 0
-            for k, cnt in enumerate(counts):
-                if not cnt and not owed:
+            for k in range(len(counts)):
+                check = topup and k > 0 and k % TOPUP_SLICES == 0
+                if not counts[k] and not owed and not check:
                     continue  # nothing to start in this slice: no wake-up at all
                 deadline = t0 + self._phase + (k0 + k) * SLICE_SECONDS
                 while (deadline - self._clock.monotonic() > STOP_CHECK_SECONDS
@@ -354,6 +360,15 @@ class ProviderDispatcher:
                 self.stats.tick(self._clock.monotonic() - deadline)
                 if stop.is_set():
                     break
+                if check:
+                    extra = await self._topup(n - due, counts, k)
+                    if extra:
+                        n += extra
+                        self.stats.minute_planned = n
+                        self._rate = max(self._rate, sum(counts[k:]) / (
+                            (len(counts) - k) * SLICE_SECONDS))
+                        self._nudge.set()
+                cnt = counts[k]
                 if self._allowance is None:
                     owed += cnt
                 else:  # cluster mode: the minute's count is shared among the workers
@@ -391,6 +406,22 @@ class ProviderDispatcher:
             self.stats.minutes.append(MinuteRecord(minute, n, started))
             self._rate = 0.0
         # Let the last starts finish before the day is called done.
+
+    async def _topup(self, ahead: int, counts: list[int], k: int) -> int:
+        """The day's last minute in cluster mode: what the cluster's day has left beyond
+        the ``ahead`` starts this minute still grants (a dead worker's unused starts, taken
+        back) is spread over the minute's slices from ``k`` on (``counts`` grows in place);
+        returns how many were added."""
+        assert self._allowance is not None
+        shared = await self._allowance.left()
+        if shared is None:
+            return 0
+        extra = min(shared, self.remaining) - ahead
+        if extra <= 0:
+            return 0
+        for j, c in enumerate(slice_counts(extra, len(counts) - k, self._period_phase)):
+            counts[k + j] += c
+        return extra
 
     def _give_back(self, n: int) -> None:
         if n > 0 and self._allowance is not None:

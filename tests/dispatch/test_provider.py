@@ -397,6 +397,54 @@ class GrantAll:
         return None
 
 
+class SharedDay:
+    """The Redis side of a day, in memory: grants never past a minute's cumulative ``due``
+    nor the day's quota (GRANT); ``reclaim`` gives a dead run's unused starts back to the
+    day, not to the minute (RECLAIM)."""
+
+    def __init__(self, quota: int) -> None:
+        self.quota, self.used = quota, 0
+        self.by_minute: Counter[int] = Counter()
+
+    async def take(self, minute: int, due: int, fresh: int, queued: int) -> int:
+        g = max(0, min(queued, due - self.by_minute[minute], self.quota - self.used))
+        self.by_minute[minute] += g
+        self.used += g
+        return g
+
+    def refund(self, n: int) -> None:
+        self.used -= n
+
+    async def left(self) -> int | None:
+        return self.quota - self.used
+
+    def reclaim(self, n: int) -> None:
+        self.used -= n
+
+
+async def test_cluster_starts_a_dead_worker_gives_back_in_the_last_minute_are_made() -> None:
+    """A worker died holding 30 of the day's 80 starts, granted in the first minute; they
+    come back (its death seen) 20 s into the last minute, after its count was made: the
+    live worker starts them before the window ends, not "deferred" with time to spare."""
+    clock, _, d, writer, starts = _setup(100, {60: 40, 61: 40})
+    day = SharedDay(80)
+    day.by_minute[60], day.used = 30, 30  # the dead worker's grants
+    d._allowance = day
+
+    async def death_seen() -> None:
+        await clock.sleep_until(clock.monotonic() + 140)  # 01:01:20
+        day.reclaim(30)
+
+    seen = asyncio.create_task(death_seen())
+    await _run(clock, d, writer, 200)
+    await seen
+    assert len(starts) == 80
+    assert d.stats.summary()["deferred"] == 0
+    late = [t for t, _ in starts if t >= 140]
+    assert len(late) >= 30  # the ones given back, spread over what was left of the minute
+    assert max(t for t, _ in starts) < 180  # and inside the window
+
+
 class FailingMarkStore(MemoryWorkStore):
     """Start marks fail after the first ``ok`` calls (the database went away)."""
 
