@@ -145,7 +145,11 @@ def test_kill_9_of_one_worker_loses_nothing(
     assert procs[1].returncode == -signal.SIGKILL
     assert 0 < sum(p["transfers"] for p in mid["providers"].values()) < 2 * per_provider
     for i in (0, 2):
-        s = json.loads(outs[i][0])
+        try:
+            s = json.loads(outs[i][0])
+        except ValueError:
+            pytest.fail(f"w{i} printed no summary (exit {procs[i].returncode}): "
+                        f"{outs[i][1].decode()[-3000:]}")
         why = [{k: p[k] for k in ("org_code", "planned", "attempted", "deferred",
                                   "dead_lettered", "unplaceable_this_week", "by_outcome",
                                   "by_action") if k in p} for p in s["providers"]]
