@@ -18,7 +18,17 @@ from batch.db.engine import init_db, make_engine
 PG_ADMIN_URL = os.environ.get(
     "MYDATA_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 )
-REDIS_URL = os.environ.get("MYDATA_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+def _xdist_index() -> int:
+    """This pytest-xdist worker's number (gw0 -> 0; 0 when not distributed)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(worker[2:]) if worker[2:].isdigit() else 0
+
+
+# Each xdist worker flushes and uses its own Redis database (15, 14, ...): a test's
+# flushdb must never wipe another worker's cluster state.
+REDIS_URL = os.environ.get("MYDATA_TEST_REDIS_URL",
+                           f"redis://127.0.0.1:6379/{15 - _xdist_index() % 12}")
 REQUIRE_SERVICES = os.environ.get("MYDATA_REQUIRE_SERVICES") == "1"
 
 # One generated key for the whole session, in the environment, so the console script and

@@ -46,6 +46,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from batch.client import Progress
 from batch.crypto import TokenCipher, TokenKeyError
+from batch.db import bulk
 from batch.db.engine import transaction
 from batch.db.schema import (
     UTCDateTime,
@@ -338,62 +339,42 @@ async def release(engine: AsyncEngine, ids: Sequence[int], *, worker: str) -> in
     if not ids:
         return 0
     async with transaction(engine) as conn:
-        res = await conn.execute(
-            update(consents)
-            .where(consents.c.id.in_(list(ids)), consents.c.lease_owner == worker)
-            .values(**RELEASED)
-        )
-    return int(res.rowcount or 0)
+        return len(await bulk.set_where_held(conn, ids, worker=worker, values=RELEASED))
 
 
 async def extend(engine: AsyncEngine, ids: Sequence[int], *, worker: str,
                  until: datetime) -> int:
     """Renew our leases on claims still queued or in flight (a heartbeat)."""
-    return await _each_chunk(engine, ids, worker, {"lease_until": until})
+    if not ids:
+        return 0
+    async with transaction(engine) as conn:
+        return len(await bulk.set_where_held(conn, ids, worker=worker,
+                                             values={"lease_until": until}))
 
 
 async def mark_started(engine: AsyncEngine, ids: Sequence[int], *, worker: str,
                        at: datetime) -> int:
     """Mark claims about to be called: only these can come back as unknown after a crash.
     Marked a little early (the coming second's claims at once), never late."""
-    return await _each_chunk(engine, ids, worker,
-                             {"started_at": func.coalesce(consents.c.started_at, at)})
+    marked = await mark_started_many(engine, [(ids, worker)], at=at)
+    return len(marked.get(worker, ()))
 
 
 async def mark_started_many(engine: AsyncEngine, marks: Sequence[tuple[Sequence[int], str]],
                             *, at: datetime) -> dict[str, set[int]]:
     """Start marks of many callers (ids, worker) in one transaction, one statement per
-    worker: per worker, the ids actually marked (still leased by it)."""
+    worker (the first mark's time kept): per worker, the ids actually marked (still leased
+    by it)."""
     by_worker: dict[str, list[int]] = defaultdict(list)
     for ids, worker in marks:
         by_worker[worker].extend(ids)
-    c = consents.c
     done: dict[str, set[int]] = defaultdict(set)
     async with transaction(engine) as conn:
         for worker, ids in by_worker.items():
-            for i in range(0, len(ids), 5000):
-                res = await conn.execute(
-                    update(consents)
-                    .where(c.id.in_(ids[i:i + 5000]), c.lease_owner == worker)
-                    .values(started_at=func.coalesce(c.started_at, at))
-                    .returning(c.id))
-                done[worker].update(int(x) for x in res.scalars())
+            done[worker].update(await bulk.set_where_held(
+                conn, ids, worker=worker, values={"started_at": at},
+                only_unset="started_at"))
     return done
-
-
-async def _each_chunk(engine: AsyncEngine, ids: Sequence[int], worker: str,
-                      values: dict[str, Any]) -> int:
-    n = 0
-    for i in range(0, len(ids), 5000):
-        chunk = list(ids[i:i + 5000])
-        async with transaction(engine) as conn:
-            res = await conn.execute(
-                update(consents)
-                .where(consents.c.id.in_(chunk), consents.c.lease_owner == worker)
-                .values(**values)
-            )
-        n += int(res.rowcount or 0)
-    return n
 
 
 # -- what each transition writes (said once; both stores apply exactly this) ----------------
@@ -498,20 +479,19 @@ def by_kind(ts: Iterable[Transition]) -> dict[type, list[Transition]]:
 async def apply(engine: AsyncEngine, changes: Sequence[Change], *, run_id: str, worker: str,
                 day: date) -> None:
     """Apply a batch in one transaction: consent rows (one lease-guarded statement per
-    kind: only rows still leased by ``worker``), tokens, dead assets, dead letters and the
-    outcome log. A late write from a worker whose lease expired changes no consent."""
+    kind and shape: only rows still leased by ``worker``), tokens, dead assets, dead
+    letters and the outcome log (``batch.db.bulk``: multi-row statements). A late write from
+    a worker whose lease expired changes no consent."""
     if not changes:
         return
     batch = Batch.of(changes)
-    c = consents.c
     async with transaction(engine) as conn:
         leased: set[int] = set()
-        ids = batch.ids()
-        for i in range(0, len(ids), 5000):
-            q = select(c.id).where(c.id.in_(ids[i:i + 5000]), c.lease_owner == worker)
-            if conn.dialect.name == "postgresql":
-                q = q.with_for_update()
-            leased.update(int(x) for x in (await conn.execute(q)).scalars())
+        for ts in by_kind(batch.transitions).values():
+            for shape in _shapes(ts):
+                leased |= await bulk.update_held(
+                    conn, [t.consent_id for t, _ in shape], [v for _, v in shape],
+                    worker=worker)
         held = batch.held(leased)
         assets = [row for t in held for row in dead_asset_rows(t)]
         if assets:
@@ -520,18 +500,24 @@ async def apply(engine: AsyncEngine, changes: Sequence[Change], *, run_id: str, 
                 "VALUES (:consent_id, :item_id, :since) "
                 "ON CONFLICT (consent_id, item_id) DO NOTHING"
             ).bindparams(bindparam("since", type_=UTCDateTime)), assets)
-        for ts in by_kind(held).values():
-            await _update_each(conn, [(t.consent_id, consent_changes(t)) for t in ts],
-                               worker=worker)
         if batch.tokens:
             await _update_each(conn, [(t.consent_id, token_changes(t)) for t in batch.tokens],
                                worker=None)
         letters = [dead_letter_row(t) for t in held if isinstance(t, DeadLetter)]
         if letters:
             await conn.execute(insert(dead_letters), letters)
-        if batch.transitions:
-            await conn.execute(insert(call_outcomes), [
-                outcome_row(t, run_id=run_id, day=day) for t in batch.transitions])
+        await bulk.insert_outcomes(conn, [outcome_row(t, run_id=run_id, day=day)
+                                          for t in batch.transitions])
+
+
+def _shapes(ts: Sequence[Transition]) -> list[list[tuple[Transition, dict[str, Any]]]]:
+    """Transitions with their consent changes, grouped by the columns those set (one
+    statement each; every transition of a kind sets the same columns today)."""
+    groups: dict[tuple[str, ...], list[tuple[Transition, dict[str, Any]]]] = defaultdict(list)
+    for t in ts:
+        values = consent_changes(t)
+        groups[tuple(values)].append((t, values))
+    return list(groups.values())
 
 
 async def save_token(engine: AsyncEngine, t: TokenRefreshed) -> None:

@@ -1,0 +1,209 @@
+"""The hot path's multi-row statements: one statement per shape of change, never one per row.
+
+A flush of the outcome writer turns hundreds of transitions into a handful of statements,
+and a claim, a start mark or a lease renewal into one. What each row gets is still said
+once (``batch.db.work.consent_changes`` and the row builders); this module only moves those
+values to the database in bulk, and skips SQLAlchemy's per-row parameter processing, which
+was most of the client's cost of a write (tests/bench/profile_dispatch.py):
+
+- PostgreSQL: the rows travel as one array per column, ``UPDATE ... FROM unnest(...)`` /
+  ``INSERT ... SELECT FROM unnest(...)``, id lists as ``= ANY($1)``: one prepared
+  statement per shape, whatever the number of rows (an ``IN`` list of n parameters is a
+  new statement for every n);
+- SQLite: the driver's own ``executemany`` over plain tuples, the values first put in the
+  form SQLAlchemy would store (each column type's bind processor, once per value).
+
+Every consent update is guarded by the lease (``lease_owner = worker``) and says which rows
+it changed, so a late write from a worker whose lease expired changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import BigInteger, Boolean, Date, Float, Integer, SmallInteger, String, Text
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.schema import Table
+
+from batch.db.schema import UTCDateTime, call_outcomes, consents
+
+#: PostgreSQL's array element type of each SQLAlchemy column type used on the hot path
+_PG_TYPES: tuple[tuple[type, str], ...] = (
+    (UTCDateTime, "timestamptz"), (SmallInteger, "smallint"), (BigInteger, "bigint"),
+    (Integer, "integer"), (Date, "date"), (Float, "double precision"),
+    (Boolean, "boolean"), (String, "text"), (Text, "text"),
+)
+
+
+def pg_type(table: Table, column: str) -> str:
+    """The PostgreSQL type name of ``table.column`` for an ``unnest`` array (text for
+    CHAR/VARCHAR: the assignment casts it)."""
+    t = table.c[column].type
+    for cls, name in _PG_TYPES:
+        if isinstance(t, cls):
+            return name
+    # with_variant types (BigId) report their base type through .impl
+    impl = getattr(t, "impl", None)
+    if impl is not None:
+        for cls, name in _PG_TYPES:
+            if isinstance(impl, cls):
+                return name
+    raise TypeError(f"no PostgreSQL array type known for {table.name}.{column} ({t!r})")
+
+
+def is_postgresql(conn: AsyncConnection) -> bool:
+    return conn.dialect.name == "postgresql"
+
+
+# -- PostgreSQL -----------------------------------------------------------------------------
+
+_pg_statements: dict[tuple[str, ...], str] = {}
+
+
+def _pg_update_sql(cols: tuple[str, ...]) -> str:
+    sql = _pg_statements.get(cols)
+    if sql is None:
+        arrays = ", ".join(f"${i + 2}::{pg_type(consents, c)}[]" for i, c in enumerate(cols))
+        names = ", ".join(cols)
+        sets = ", ".join(f"{c} = u.{c}" for c in cols)
+        sql = (f"UPDATE consents AS c SET {sets} "
+               f"FROM unnest($1::bigint[], {arrays}) AS u(id, {names}) "
+               f"WHERE c.id = u.id AND c.lease_owner = ${len(cols) + 2} "
+               "RETURNING c.id")
+        _pg_statements[cols] = sql
+    return sql
+
+
+def _columns(rows: Sequence[dict[str, Any]], cols: tuple[str, ...]) -> list[list[Any]]:
+    return [[r[c] for r in rows] for c in cols]
+
+
+async def update_held(conn: AsyncConnection, ids: Sequence[int],
+                      values: Sequence[dict[str, Any]], *, worker: str) -> set[int]:
+    """Set each consent's ``values`` (all of one shape: the same columns) where ``worker``
+    still holds its lease; returns the ids changed."""
+    if not ids:
+        return set()
+    cols = tuple(values[0])
+    if is_postgresql(conn):
+        res = await conn.exec_driver_sql(
+            _pg_update_sql(cols), (list(ids), *_columns(values, cols), worker))
+        return {int(r[0]) for r in res}
+    held = await held_by(conn, ids, worker=worker)
+    if held:
+        procs = _sqlite_processors(conn.dialect, consents, cols)
+        sets = ", ".join(f"{c} = ?" for c in cols)
+        await conn.exec_driver_sql(
+            f"UPDATE consents SET {sets} WHERE id = ? AND lease_owner = ?",
+            [(*_processed(v, cols, procs), i, worker)
+             for i, v in zip(ids, values, strict=True) if i in held])
+    return held
+
+
+async def held_by(conn: AsyncConnection, ids: Sequence[int], *, worker: str,
+                  lock: bool = False) -> set[int]:
+    """Which of ``ids`` are leased by ``worker`` now (``lock``: PostgreSQL locks them)."""
+    if not ids:
+        return set()
+    if is_postgresql(conn):
+        res = await conn.exec_driver_sql(
+            "SELECT id FROM consents WHERE id = ANY($1::bigint[]) AND lease_owner = $2"
+            + (" FOR UPDATE" if lock else ""), (list(ids), worker))
+        return {int(r[0]) for r in res}
+    found: set[int] = set()
+    for chunk in _chunks(ids, 900):  # SQLite's bound-parameter limit
+        marks = ",".join("?" * len(chunk))
+        res = await conn.exec_driver_sql(
+            f"SELECT id FROM consents WHERE id IN ({marks}) AND lease_owner = ?",
+            (*chunk, worker))
+        found.update(int(r[0]) for r in res)
+    return found
+
+
+async def set_where_held(conn: AsyncConnection, ids: Sequence[int], *, worker: str,
+                         values: dict[str, Any], only_unset: str | None = None) -> list[int]:
+    """Set the same ``values`` on every consent of ``ids`` leased by ``worker``; returns the
+    ids it matched. ``only_unset``: a column set only where it is still NULL (the start
+    mark keeps its first time), the row still counted as matched."""
+    if not ids:
+        return []
+    cols = tuple(values)
+    if is_postgresql(conn):
+        sets = ", ".join(
+            f"{c} = coalesce({c}, ${i + 3}::{pg_type(consents, c)})" if c == only_unset
+            else f"{c} = ${i + 3}::{pg_type(consents, c)}" for i, c in enumerate(cols))
+        res = await conn.exec_driver_sql(
+            f"UPDATE consents SET {sets} WHERE id = ANY($1::bigint[]) AND lease_owner = $2 "
+            "RETURNING id", (list(ids), worker, *(values[c] for c in cols)))
+        return [int(r[0]) for r in res]
+    procs = _sqlite_processors(conn.dialect, consents, cols)
+    vals = _processed(values, cols, procs)
+    sets = ", ".join(f"{c} = coalesce({c}, ?)" if c == only_unset else f"{c} = ?"
+                     for c in cols)
+    matched: list[int] = []
+    for chunk in _chunks(ids, 900):
+        marks = ",".join("?" * len(chunk))
+        res = await conn.exec_driver_sql(
+            f"UPDATE consents SET {sets} WHERE id IN ({marks}) AND lease_owner = ? "
+            "RETURNING id", (*vals, *chunk, worker))
+        matched.extend(int(r[0]) for r in res)
+    return matched
+
+
+_OUTCOME_COLS = ("run_id", "consent_id", "org_code", "day", "tran_id", "kind", "action",
+                 "rsp_code", "calls", "elapsed_ms", "at")
+
+
+async def insert_outcomes(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
+    """The ``call_outcomes`` rows, in one statement (PostgreSQL) or one executemany."""
+    if not rows:
+        return
+    cols = _OUTCOME_COLS
+    names = ", ".join(cols)
+    if is_postgresql(conn):
+        arrays = ", ".join(f"${i + 1}::{pg_type(call_outcomes, c)}[]"
+                           for i, c in enumerate(cols))
+        await conn.exec_driver_sql(
+            f"INSERT INTO call_outcomes ({names}) SELECT * FROM unnest({arrays})",
+            tuple(_columns(rows, cols)))
+        return
+    procs = _sqlite_processors(conn.dialect, call_outcomes, cols)
+    marks = ", ".join("?" * len(cols))
+    await conn.exec_driver_sql(f"INSERT INTO call_outcomes ({names}) VALUES ({marks})",
+                               [tuple(_processed(r, cols, procs)) for r in rows])
+
+
+# -- SQLite ---------------------------------------------------------------------------------
+
+Processor = Callable[[Any], Any] | None
+_sqlite_procs: dict[tuple[str, tuple[str, ...]], tuple[Processor, ...]] = {}
+
+
+def _sqlite_processors(dialect: Dialect, table: Table,
+                       cols: tuple[str, ...]) -> tuple[Processor, ...]:
+    """Each column type's bind processor on this dialect: the stored form of a value
+    (UTCDateTime: naive UTC text that sorts as time does), exactly as SQLAlchemy stores it."""
+    key = (table.name, cols)
+    procs = _sqlite_procs.get(key)
+    if procs is None:
+        procs = tuple(table.c[c].type.dialect_impl(dialect).bind_processor(dialect)
+                      for c in cols)
+        _sqlite_procs[key] = procs
+    return procs
+
+
+def _processed(values: dict[str, Any], cols: tuple[str, ...],
+               procs: tuple[Processor, ...]) -> list[Any]:
+    return [v if p is None or v is None else p(v)
+            for v, p in zip((values[c] for c in cols), procs, strict=True)]
+
+
+def _chunks(ids: Sequence[int], n: int) -> Iterable[Sequence[int]]:
+    for i in range(0, len(ids), n):
+        yield ids[i:i + n]
+
+
+__all__ = ["held_by", "insert_outcomes", "is_postgresql", "pg_type", "set_where_held",
+           "update_held"]

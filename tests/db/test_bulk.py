@@ -1,0 +1,92 @@
+"""The hot path's multi-row statements (batch/db/bulk.py), on both backends."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+
+import pytest
+from sqlalchemy import insert, select, text, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from batch.clock import KST
+from batch.db import bulk, schema
+from batch.db.engine import transaction
+
+NOW = datetime(2026, 11, 30, 1, 0, 30, 123456, tzinfo=KST)
+WEEK = date(2026, 11, 29)
+
+
+async def _consents(engine: AsyncEngine, n: int, *, owner: str | None) -> list[int]:
+    async with transaction(engine) as conn:
+        await conn.execute(insert(schema.institutions).values(
+            org_code="BANK000001", industry="bank", base_url="http://127.0.0.1:9",
+            windows='["0000:2400"]', calls_per_second=10, max_concurrency=2, updated_at=NOW))
+        await conn.execute(insert(schema.consents), [
+            {"id": i, "user_id": f"u{i}", "org_code": "BANK000001", "access_token": "sealed",
+             "consented_at": NOW, "due_week": WEEK, "not_before": NOW, "updated_at": NOW,
+             "lease_owner": owner, "lease_until": NOW + timedelta(minutes=10)}
+            for i in range(1, n + 1)])
+    return list(range(1, n + 1))
+
+
+def test_every_consent_and_outcome_column_has_an_array_type() -> None:
+    for table in (schema.consents, schema.call_outcomes):
+        for col in table.c:
+            assert bulk.pg_type(table, col.name)
+
+
+async def test_an_update_changes_only_the_rows_the_worker_still_leases(
+        engine: AsyncEngine) -> None:
+    ids = await _consents(engine, 4, owner="w1")
+    async with transaction(engine) as conn:
+        await conn.execute(update(schema.consents).where(schema.consents.c.id == 2)
+                           .values(lease_owner="w2"))
+        changed = await bulk.update_held(
+            conn, ids, [{"attempts": i, "not_before": NOW + timedelta(hours=i),
+                         "lease_owner": None} for i in ids], worker="w1")
+    assert changed == {1, 3, 4}
+    async with engine.connect() as conn:
+        rows = {r.id: r for r in (await conn.execute(select(schema.consents))).all()}
+    assert [rows[i].attempts for i in ids] == [1, 0, 3, 4]
+    assert rows[3].not_before == NOW + timedelta(hours=3)
+    assert rows[2].lease_owner == "w2" and rows[1].lease_owner is None
+
+
+async def test_a_time_is_stored_in_the_form_sqlalchemy_stores(engine: AsyncEngine) -> None:
+    """SQLite compares times as text: the bulk form must be byte for byte SQLAlchemy's."""
+    await _consents(engine, 2, owner="w1")
+    at = datetime(2026, 12, 1, 3, 4, 5, tzinfo=UTC)
+    async with transaction(engine) as conn:
+        await conn.execute(update(schema.consents).where(schema.consents.c.id == 1)
+                           .values(not_before=at))
+        await bulk.update_held(conn, [2], [{"not_before": at}], worker="w1")
+        raw = (await conn.execute(text(
+            "SELECT CAST(not_before AS TEXT) FROM consents ORDER BY id"))).scalars().all()
+    assert raw[0] == raw[1]
+
+
+async def test_set_where_held_keeps_the_first_start_mark(engine: AsyncEngine) -> None:
+    ids = await _consents(engine, 3, owner="w1")
+    later = NOW + timedelta(seconds=5)
+    async with transaction(engine) as conn:
+        assert sorted(await bulk.set_where_held(conn, [1, 2], worker="w1",
+                                                values={"started_at": NOW},
+                                                only_unset="started_at")) == [1, 2]
+        assert sorted(await bulk.set_where_held(conn, ids, worker="w1",
+                                                values={"started_at": later},
+                                                only_unset="started_at")) == ids
+        assert await bulk.set_where_held(conn, ids, worker="nobody",
+                                         values={"lease_owner": None}) == []
+    async with engine.connect() as conn:
+        marks = (await conn.execute(select(schema.consents.c.started_at)
+                                    .order_by(schema.consents.c.id))).scalars().all()
+    assert marks == [NOW, NOW, later]
+
+
+@pytest.mark.parametrize("n", [1, 1200])
+async def test_held_by_answers_for_more_ids_than_sqlite_binds_at_once(
+        engine: AsyncEngine, n: int) -> None:
+    ids = await _consents(engine, n, owner="w1")
+    async with transaction(engine) as conn:
+        assert await bulk.held_by(conn, ids, worker="w1", lock=True) == set(ids)
+        assert await bulk.held_by(conn, ids, worker="w2") == set()
