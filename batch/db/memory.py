@@ -149,6 +149,9 @@ class MemoryWorkStore:
     async def save_token(self, t: TokenRefreshed) -> None:
         _set(self.consents[t.consent_id], token_changes(t))
 
+    def open_tokens(self, claim: Claim) -> tuple[str, str | None]:
+        return claim.access_token, claim.refresh_token
+
 
 def _set(c: MemoryConsent, values: dict[str, Any]) -> None:
     for k, v in values.items():

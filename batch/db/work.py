@@ -14,8 +14,10 @@ below; the SQL store and the in-memory twin (``batch.db.memory``) both apply tho
 kind with one lease-guarded statement, so they cannot disagree.
 
 Tokens are sealed at rest (``batch.crypto``). The functions below read and write them as
-stored; :class:`SqlWorkStore` is the one seam that seals every token it writes and opens
-every token it hands out, with the :class:`~batch.crypto.TokenCipher` it is built with.
+stored; :class:`SqlWorkStore` is the one seam that seals every token it writes and opens a
+claim's tokens when its refresh starts (:meth:`SqlWorkStore.open_tokens`), with the
+:class:`~batch.crypto.TokenCipher` it is built with: a token that does not open fails its
+own consent only, and a claim's rows are not all decrypted in one burst.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
+from operator import attrgetter
 from typing import Any, Protocol
 
 from sqlalchemy import (
@@ -80,7 +83,8 @@ START: Cursor = (date(1970, 1, 1), 0)
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """One leased consent, ready to refresh. Tokens never appear in its repr.
+    """One leased consent, ready to refresh. Its tokens are as stored (the SQL store's are
+    sealed: ``WorkStore.open_tokens`` opens them) and never appear in its repr.
 
     ``attempts``/``unknown_attempts`` and ``progress`` are this week's (another week's read
     as none). ``stale``: it came back from a worker that had started calling it.
@@ -194,16 +198,20 @@ async def claim(
 def _claims_of(rows: Iterable[Any], org_code: str,
                dead: dict[int, list[str]]) -> list[Claim]:
     """Claims from the claim statement's rows (the token columns are read here only)."""
+    # positional arguments: thousands of claims a second, and keywords cost a third more
     claims = [
-        Claim(id=r.id, org_code=org_code, user_id=r.user_id, due_week=_as_date(r.due_week),
-              attempts=r.attempts, unknown_attempts=r.unknown_attempts, stale=bool(r.stale),
-              access_token=r.access_token, refresh_token=r.refresh_token,
-              progress=Progress.from_json(r.pending_items) if r.pending_items else None,
-              dead_items=frozenset(dead.get(r.id, ())))
+        Claim(r.id, org_code, r.user_id, _as_date(r.due_week), r.attempts,
+              r.unknown_attempts, bool(r.stale), r.access_token, r.refresh_token,
+              Progress.from_json(r.pending_items) if r.pending_items else None,
+              frozenset(dead[r.id]) if r.id in dead else _NO_ITEMS)
         for r in rows
     ]
-    claims.sort(key=lambda c: c.cursor)
+    claims.sort(key=_keyset_order)
     return claims
+
+
+_NO_ITEMS: frozenset[str] = frozenset()
+_keyset_order = attrgetter("due_week", "id")
 
 
 #: One claim statement for many providers (PostgreSQL): per request (org, cursor, limit),
@@ -579,10 +587,15 @@ class WorkStore(Protocol):
 
     async def save_token(self, t: TokenRefreshed) -> None: ...
 
+    def open_tokens(self, claim: Claim) -> tuple[str, str | None]:
+        """The claim's (access, refresh) tokens in the clear; claims carry them as stored.
+        Raises :class:`~batch.crypto.TokenKeyError` for a token that does not open."""
+        ...
+
 
 class SqlWorkStore:
     """The real store (SQLite or PostgreSQL): the functions above over one engine, tokens
-    sealed with ``cipher`` on the way in and opened on the way out.
+    sealed with ``cipher`` on the way in and opened as each refresh starts.
 
     Shared by every provider of a run, it cuts statements where they would grow with the
     number of providers: claims, and start marks, asked for in the same turn of the event
@@ -614,7 +627,8 @@ class SqlWorkStore:
                     limit: int, after: Cursor = START,
                     lease: timedelta = timedelta(minutes=10)) -> list[Claim]:
         """Returns once this claim is made, together with the other providers' claims
-        of this turn (one statement for all of them on PostgreSQL); tokens opened."""
+        of this turn (one statement for all of them on PostgreSQL); tokens as stored,
+        sealed (:meth:`open_tokens` opens a claim's when its refresh starts)."""
         if limit <= 0:
             return []
         done: asyncio.Future[list[Claim]] = asyncio.get_running_loop().create_future()
@@ -629,7 +643,7 @@ class SqlWorkStore:
             # given back when it lands, not left leased to nobody until the lease ends.
             done.add_done_callback(lambda f: self._give_back(f, worker))
             raise
-        return [self._opened(c) for c in got]
+        return got
 
     def _give_back(self, fut: asyncio.Future[list[Claim]], worker: str) -> None:
         if fut.cancelled() or fut.exception() is not None or not fut.result():
@@ -744,15 +758,15 @@ class SqlWorkStore:
         async with self._turn():
             await save_token(self.engine, self._sealed(t))
 
-    def _opened(self, c: Claim) -> Claim:
-        """The claim's tokens opened on its own row (consent and column): a token moved
-        from another row does not open, one TokenKeyError line naming the consent."""
+    def open_tokens(self, c: Claim) -> tuple[str, str | None]:
+        """The claim's tokens opened on its own row (consent and column), when its refresh
+        starts: a token moved from another row does not open, one TokenKeyError line naming
+        the consent (that consent fails alone; the rest of its claim goes on)."""
         try:
-            access, refresh = self.cipher.open_pair(c.org_code, c.user_id, c.access_token,
-                                                    c.refresh_token)
+            return self.cipher.open_pair(c.org_code, c.user_id, c.access_token,
+                                         c.refresh_token)
         except TokenKeyError as exc:
             raise TokenKeyError(f"consent {c.id}: {exc}") from None
-        return replace(c, access_token=access, refresh_token=refresh)
 
     def _sealed(self, t: TokenRefreshed) -> TokenRefreshed:
         access, refresh = self.cipher.seal_pair(t.org_code, t.user_id, t.access_token,

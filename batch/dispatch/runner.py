@@ -34,7 +34,7 @@ from batch.aio import cancel_and_wait
 from batch.client import CallChain, MydataClient, RefreshResult, make_http_client
 from batch.clock import KST, Clock
 from batch.config import Provider
-from batch.crypto import TokenCipher
+from batch.crypto import TokenCipher, TokenKeyError
 from batch.db import schema, work
 from batch.db.engine import init_db, transaction
 from batch.db.loaders import read_institutions
@@ -61,6 +61,7 @@ from batch.planner import (
 from batch.resilience.breaker import State
 from batch.resilience.bulkhead import worker_share
 from batch.resilience.chain import ProviderChain
+from batch.resilience.outcomes import Kind, Outcome
 from batch.resilience.settings import ChainSettings
 from batch.tranid import TranIdGenerator
 from planning.calendar import week_start
@@ -75,10 +76,13 @@ log = logging.getLogger("mydata.run")
 EXIT_OK = 0
 EXIT_ATTENTION = 1  # work left undone or failures an operator must see
 EXIT_INTERRUPTED = 3
-#: refreshes under way per provider, per unit of its max_concurrency: a refresh spends part
-#: of its time between calls (the limiter, token checks), so twice the bulkhead keeps it
-#: full without a queue of calls that would wait there to be refused
-IN_FLIGHT_PER_SLOT = 2
+#: refreshes under way per provider, per unit of its max_concurrency: one each. A refresh
+#: holds a bulkhead permit for its calls and spends next to nothing between them, so as many
+#: refreshes as permits keep the bulkhead full; more only queued there (a future, a timer
+#: and a wake-up per call: 2 % of a saturated run's CPU, tests/bench/profile_dispatch.py),
+#: or were refused. A refresh waiting for its rate-limit slot or a retry's backoff holds
+#: no permit: while the provider's rate binds, or it fails, fewer calls are in flight.
+IN_FLIGHT_PER_SLOT = 1
 #: allocations between collections of the youngest generation while dispatching (700 by
 #: default; see _freeze_heap)
 GC_YOUNG = 20_000
@@ -334,8 +338,8 @@ def _freeze_heap() -> tuple[int, ...] | None:
 
 
 def _in_flight_cap(chain: ProviderChain) -> Callable[[], int]:
-    """Refreshes one provider may have under way: a few times its bulkhead's limit (which
-    cluster mode sets to this worker's share of the provider's concurrency)."""
+    """Refreshes one provider may have under way: its bulkhead's limit (which cluster mode
+    sets to this worker's share of the provider's concurrency) times IN_FLIGHT_PER_SLOT."""
     bulkhead = chain.bulkhead
     return lambda: IN_FLIGHT_PER_SLOT * bulkhead.limit
 
@@ -499,10 +503,14 @@ async def run_day(
 def _refresher(client: MydataClient, store: work.WorkStore
                ) -> Callable[[work.Claim, float | None], Any]:
     async def refresh(claim: work.Claim, not_after: float | None) -> RefreshResult:
+        try:
+            access, refresh_token = store.open_tokens(claim)
+        except TokenKeyError as exc:  # this consent alone: dead-lettered, for the operator
+            return RefreshResult(Outcome(Kind.CLIENT, detail=str(exc)), calls=0)
+
         async def save(access: str, refresh_token: str | None) -> None:
             await store.save_token(TokenRefreshed.of(claim, access, refresh_token))
-        return await client.refresh(access_token=claim.access_token,
-                                    refresh_token=claim.refresh_token,
+        return await client.refresh(access_token=access, refresh_token=refresh_token,
                                     progress=claim.progress, dead_items=claim.dead_items,
                                     not_after=not_after, on_token=save)
     return refresh

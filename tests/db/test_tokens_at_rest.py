@@ -3,6 +3,7 @@ key is refused before anything is written, rotation re-seals, revocation erases.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,12 @@ async def loaded(engine: AsyncEngine, tmp_path: Path) -> AsyncEngine:
 
 
 async def _claim_all(store: SqlWorkStore, worker: str = "w1") -> list[work.Claim]:
-    return await store.claim(ORG, worker=worker, week=WEEK, now=NOW, limit=10)
+    """Claim everything and open each claim's tokens, as its refresh would."""
+    claims = await store.claim(ORG, worker=worker, week=WEEK, now=NOW, limit=10)
+    for c in claims:  # handed out as stored: sealed
+        assert c.access_token.startswith(("v1.", "v2.")) or c.access_token == "legacyAT"
+    return [replace(c, access_token=a, refresh_token=r)
+            for c in claims for a, r in [store.open_tokens(c)]]
 
 
 async def test_loaded_tokens_are_stored_sealed_and_a_claim_hands_them_out_opened(
@@ -188,13 +194,19 @@ async def test_a_token_moved_to_another_consent_row_does_not_open_there(
         await check_tokens(loaded, CIPHER)
     assert "\n" not in str(e.value) and str(e.value).startswith("consent 1: ")
     assert "plainAT" not in str(e.value)
-    # A claim never hands out another user's token.
-    with pytest.raises(TokenKeyError, match="does not belong to this row") as e:
-        await _claim_all(SqlWorkStore(loaded, CIPHER))
-    assert "\n" not in str(e.value) and "access_token" in str(e.value)
-    # Put back, both open again (the failed claim's leases given back first: a claim that
-    # cannot open its tokens hands nothing out, its rows stay leased until then).
-    await SqlWorkStore(loaded, CIPHER).release([1, 2, 3], worker="w1")
+    # A claim never hands out another user's token: the two consents fail to open, alone;
+    # the third opens (a refresh opens its claim's tokens as it starts).
+    store = SqlWorkStore(loaded, CIPHER)
+    claims = {c.id: c for c in await store.claim(ORG, worker="w1", week=WEEK, now=NOW,
+                                                  limit=10)}
+    for cid in (1, 2):
+        with pytest.raises(TokenKeyError, match="does not belong to this row") as e:
+            store.open_tokens(claims[cid])
+        assert "\n" not in str(e.value) and "access_token" in str(e.value)
+        assert str(e.value).startswith(f"consent {cid}: ") and "plainAT" not in str(e.value)
+    assert store.open_tokens(claims[3]) == ("plainAT003", "plainRT003")
+    # Put back, both open again.
+    await store.release([1, 2, 3], worker="w1")
     await _set_tokens(loaded, 1, access_token=stored[1][0])
     await _set_tokens(loaded, 2, access_token=stored[2][0])
     await check_tokens(loaded, CIPHER)
@@ -208,8 +220,11 @@ async def test_a_token_moved_from_access_token_to_refresh_token_does_not_open(
     await _set_tokens(loaded, first, refresh_token=access)  # same row, the other column
     with pytest.raises(TokenKeyError, match=r"refresh_token .*does not belong to this row"):
         await check_tokens(loaded, CIPHER)
+    store = SqlWorkStore(loaded, CIPHER)
+    claims = {c.id: c for c in await store.claim(ORG, worker="w1", week=WEEK, now=NOW,
+                                                  limit=10)}
     with pytest.raises(TokenKeyError, match="does not belong to this row") as e:
-        await _claim_all(SqlWorkStore(loaded, CIPHER))
+        store.open_tokens(claims[first])
     assert "\n" not in str(e.value)
 
 

@@ -37,3 +37,38 @@ async def test_a_refreshed_token_is_in_the_store_before_the_retried_call_goes_ou
     assert res.outcome.kind is Kind.SUCCESS
     assert stored_at_retry == [("tok-NEW", "r2")]
     assert res.new_access_token is None  # nothing left over for the outcome write
+
+
+async def test_a_token_that_does_not_open_fails_its_own_consent_only_uncalled() -> None:
+    """A sealed token moved onto another row (or sealed with a key not given) does not
+    open: that consent is dead-lettered, for the operator, with no call made; the others of
+    its claim are refreshed as usual."""
+    from batch.crypto import TokenKeyError
+    from batch.dispatch.policy import RetryPolicy
+    from batch.lifecycle import DeadLetter, WeekResult, decide
+
+    class Sealed(MemoryWorkStore):
+        def open_tokens(self, claim):  # type: ignore[no-untyped-def]
+            if claim.id == 1:
+                raise TokenKeyError(f"consent {claim.id}: the stored access_token of a "
+                                    "consent at BANK000001 does not open")
+            return super().open_tokens(claim)
+
+    store = Sealed()
+    store.add("BANK000001", 2, week=WEEK, not_before=NOW)
+    calls: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        calls.append(request.headers["authorization"])
+        return httpx.Response(200, json={"rsp_code": "00000", "account_list": []})
+
+    c, http = client(handle)
+    bad, good = await store.claim("BANK000001", worker="w1", week=WEEK, now=NOW, limit=2)
+    refresh = _refresher(c, store)
+    failed, ok = await refresh(bad, None), await refresh(good, None)
+    await http.aclose()
+    assert (failed.calls, failed.outcome.kind) == (0, Kind.CLIENT)
+    assert ok.outcome.kind is Kind.SUCCESS and calls == ["Bearer token-2"]
+    t = decide(bad, failed, week=WEEK, now=NOW, policy=RetryPolicy())
+    assert isinstance(t, DeadLetter) and t.why is WeekResult.FAILED
+    assert "does not open" in t.error and "consent 1" in t.error

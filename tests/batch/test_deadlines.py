@@ -1,0 +1,149 @@
+"""batch/deadlines.py: asyncio.timeout's semantics on one timer, driven by a fake loop time."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from batch.deadlines import Deadlines, deadlines
+
+
+class _Timer:
+    def __init__(self, when: float, cb: Callable[[], None]) -> None:
+        self.when, self.cb, self.cancelled = when, cb, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeLoop:
+    """What Deadlines uses of a loop: time() and call_at(); time moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.timers: list[_Timer] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, cb: Callable[[], None]) -> _Timer:
+        t = _Timer(when, cb)
+        self.timers.append(t)
+        return t
+
+    def advance(self, dt: float) -> None:
+        self.now += dt
+        for t in sorted(self.timers, key=lambda t: t.when):
+            if not t.cancelled and t.when <= self.now:
+                t.cancelled = True
+                t.cb()
+
+    @property
+    def armed(self) -> list[float]:
+        return sorted(t.when for t in self.timers if not t.cancelled)
+
+
+def _queue() -> tuple[Deadlines, FakeLoop]:
+    loop = FakeLoop()
+    return Deadlines(loop), loop  # type: ignore[arg-type]
+
+
+async def _settle() -> None:
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def test_a_block_past_its_deadline_raises_timeout_error() -> None:
+    q, loop = _queue()
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def body() -> str:
+        try:
+            async with q.timeout(5.0):
+                await never
+        except TimeoutError:
+            return "timed out"
+        return "finished"
+
+    task = asyncio.create_task(body())
+    await _settle()
+    loop.advance(4.999)
+    await _settle()
+    assert not task.done()
+    loop.advance(0.001)
+    assert await task == "timed out"
+    assert task.cancelling() == 0  # the cancellation was ours, taken back
+
+
+async def test_one_timer_serves_many_blocks_of_the_same_duration() -> None:
+    q, loop = _queue()
+    for _ in range(100):
+        async with q.timeout(20.0):
+            await asyncio.sleep(0)
+        loop.now += 0.01
+    assert loop.armed == [120.0]  # the first block's deadline; the others wait behind it
+    loop.advance(20.0)  # the timer drops every dead entry, arms nothing more
+    assert q.pending == 0 and loop.armed == []
+
+
+async def test_a_shorter_timeout_arms_the_timer_earlier_and_fires_first() -> None:
+    q, loop = _queue()
+    done: list[str] = []
+
+    async def wait(name: str, seconds: float) -> None:
+        try:
+            async with q.timeout(seconds):
+                await asyncio.get_running_loop().create_future()
+        except TimeoutError:
+            done.append(name)
+
+    tasks = [asyncio.create_task(wait("long", 20.0)), asyncio.create_task(wait("short", 0.5))]
+    await _settle()
+    assert loop.armed[0] == 100.5
+    loop.advance(0.5)
+    await _settle()
+    assert done == ["short"]
+    loop.advance(19.5)
+    await asyncio.gather(*tasks)
+    assert done == ["short", "long"]
+
+
+async def test_a_cancellation_from_elsewhere_is_not_turned_into_a_timeout() -> None:
+    q, loop = _queue()
+
+    async def body() -> None:
+        async with q.timeout(5.0):
+            await asyncio.get_running_loop().create_future()
+
+    task = asyncio.create_task(body())
+    await _settle()
+    task.cancel()
+    loop.advance(5.0)  # expires too, after the outside cancel
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_block_that_ends_in_time_is_never_cancelled() -> None:
+    q, loop = _queue()
+    async with q.timeout(1.0):
+        await asyncio.sleep(0)
+    loop.advance(10.0)
+    await asyncio.sleep(0)  # a stray cancel would land here
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+async def test_no_deadline_is_a_plain_block() -> None:
+    q, loop = _queue()
+    async with q.timeout(None):
+        await asyncio.sleep(0)
+    assert loop.timers == [] and q.pending == 0
+
+
+async def test_the_running_loop_has_one_queue() -> None:
+    first: Any = deadlines()
+    assert deadlines() is first
+    async with first.timeout(0.5):
+        await asyncio.sleep(0)
