@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Protocol
 
-from batch.deadlines import deadlines
+from batch.deadlines import timeout
 
 #: Korea Standard Time. Korea keeps no daylight saving time, so a fixed offset is exact.
 KST = timezone(timedelta(hours=9), "KST")
@@ -69,7 +69,7 @@ class SystemClock:
             await asyncio.sleep(delay)
 
     def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[object]:
-        return deadlines().timeout(seconds)
+        return timeout(seconds)
 
 
 class FakeClock:
@@ -268,7 +268,7 @@ class ScaledClock:
             await asyncio.sleep(delay)
 
     def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[object]:
-        return deadlines().timeout(None if seconds is None else seconds / self._speed)
+        return timeout(None if seconds is None else seconds / self._speed)
 
 
 def clock_from_spec(spec: str | None) -> Clock:

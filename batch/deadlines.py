@@ -27,32 +27,45 @@ _CancelledError = asyncio.CancelledError
 
 
 class Deadline:
-    """One ``async with`` block's timeout (single use)."""
+    """One ``async with`` block's timeout of ``seconds`` from its start (single use; None:
+    no deadline at all). It joins its loop's :class:`Deadlines` as the block starts."""
 
-    __slots__ = ("_cancelling", "_expired", "_queue", "task", "when")
+    __slots__ = ("_cancelling", "_expired", "_fifo", "_queue", "seconds", "task", "when")
 
-    def __init__(self, queue: Deadlines | None, when: float) -> None:
-        self._queue = queue  # None: no deadline at all
-        self.when = when  # the loop's time
+    def __init__(self, seconds: float | None, queue: Deadlines | None = None) -> None:
+        self.seconds = seconds
+        self._queue = queue  # None: the running loop's
+        self.when = 0.0  # the loop's time, set as the block starts
         self.task: asyncio.Task[object] | None = None  # set while the block runs
         self._expired = False
         self._cancelling = 0
+        self._fifo: deque[Deadline] | None = None  # the queue's FIFO it waits in
 
     async def __aenter__(self) -> Deadline:
-        queue = self._queue
-        if queue is not None:
+        seconds = self.seconds
+        if seconds is not None:
             task = _current_task()
             if task is None:
                 raise RuntimeError("a timeout must be used inside a task")
             self.task = task
             self._cancelling = task.cancelling()
-            queue.add(self)
+            queue = self._queue
+            if queue is None:
+                queue = self._queue = _of_loop(task.get_loop())
+            queue.add(self, seconds)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         task = self.task
         self.task = None  # a dead entry from now on: the timer skips it
+        fifo = self._fifo
+        if fifo and fifo[0] is self:
+            # The oldest of its duration (calls of one duration end roughly in order): it
+            # and the dead entries behind it go now, so a FIFO holds about what is in flight.
+            fifo.popleft()
+            while fifo and fifo[0].task is None:
+                fifo.popleft()
         if (self._expired and task is not None and task.uncancel() <= self._cancelling
                 and exc_type is _CancelledError):
             raise TimeoutError from exc
@@ -80,20 +93,19 @@ class Deadlines:
         self._armed = float("inf")
 
     def timeout(self, seconds: float | None) -> Deadline:
-        """A timeout of ``seconds`` from now (None: none at all)."""
-        if seconds is None:
-            return Deadline(None, 0.0)
-        return Deadline(self, self._loop.time() + seconds)
+        """A timeout of ``seconds`` from the block's start on this queue (None: none)."""
+        return Deadline(seconds, self)
 
-    def add(self, d: Deadline) -> None:
-        # Deadlines made with the same duration come in order; a block entered later than
-        # its timeout was made (rare) may sit behind a later one: it fires when that does,
-        # at worst, and never early.
-        key = round(d.when - self._loop.time(), 3)
+    def add(self, d: Deadline, seconds: float) -> None:
+        d.when = self._loop.time() + seconds
+        # Blocks of one duration start in deadline order (to the millisecond: a later one
+        # behind an earlier one fires when that does, at most a millisecond late).
+        key = round(seconds, 3)
         q = self._queues.get(key)
         if q is None:
             q = self._queues[key] = deque()
         q.append(d)
+        d._fifo = q
         if d.when < self._armed:
             self._arm(d.when)
 
@@ -133,13 +145,10 @@ class Deadlines:
 _by_loop: WeakKeyDictionary[asyncio.AbstractEventLoop, Deadlines] = WeakKeyDictionary()
 #: the last loop asked about and its queue (a weak mapping's lookup costs a weak reference)
 _last: tuple[asyncio.AbstractEventLoop | None, Deadlines | None] = (None, None)
-_get_running_loop = asyncio.get_running_loop
 
 
-def deadlines() -> Deadlines:
-    """The running loop's :class:`Deadlines`."""
+def _of_loop(loop: asyncio.AbstractEventLoop) -> Deadlines:
     global _last
-    loop = _get_running_loop()
     last_loop, d = _last
     if loop is last_loop and d is not None:
         return d
@@ -148,3 +157,13 @@ def deadlines() -> Deadlines:
         d = _by_loop[loop] = Deadlines(loop)
     _last = (loop, d)
     return d
+
+
+def timeout(seconds: float | None) -> Deadline:
+    """Like ``asyncio.timeout(seconds)``, on the running loop's one timer."""
+    return Deadline(seconds)
+
+
+def deadlines() -> Deadlines:
+    """The running loop's :class:`Deadlines`."""
+    return _of_loop(asyncio.get_running_loop())

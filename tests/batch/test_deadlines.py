@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from batch.deadlines import Deadlines, deadlines
+from batch.deadlines import Deadlines, deadlines, timeout
 
 
 class _Timer:
@@ -84,9 +84,32 @@ async def test_one_timer_serves_many_blocks_of_the_same_duration() -> None:
         async with q.timeout(20.0):
             await asyncio.sleep(0)
         loop.now += 0.01
-    assert loop.armed == [120.0]  # the first block's deadline; the others wait behind it
-    loop.advance(20.0)  # the timer drops every dead entry, arms nothing more
-    assert q.pending == 0 and loop.armed == []
+    assert loop.armed == [120.0]  # the first block's deadline: one timer for them all
+    assert q.pending == 0  # each ended block was the oldest of its FIFO: dropped at once
+    loop.advance(20.0)  # the timer finds nothing left, arms nothing more
+    assert loop.armed == []
+
+
+async def test_blocks_ending_out_of_order_leave_only_what_is_in_flight() -> None:
+    q, _loop = _queue()
+    gates = [asyncio.get_running_loop().create_future() for _ in range(5)]
+
+    async def block(i: int) -> None:
+        async with q.timeout(20.0):
+            await gates[i]
+
+    tasks = [asyncio.create_task(block(i)) for i in range(5)]
+    await _settle()
+    for i in (1, 2, 4):  # end behind the oldest: they wait as dead entries
+        gates[i].set_result(None)
+    await _settle()
+    assert q.pending == 5
+    gates[0].set_result(None)  # the oldest ends: it and the dead behind it go
+    await _settle()
+    assert q.pending == 2  # 3 (in flight) and 4 (dead, behind it)
+    gates[3].set_result(None)
+    await asyncio.gather(*tasks)
+    assert q.pending == 0
 
 
 async def test_a_shorter_timeout_arms_the_timer_earlier_and_fires_first() -> None:
@@ -145,5 +168,6 @@ async def test_no_deadline_is_a_plain_block() -> None:
 async def test_the_running_loop_has_one_queue() -> None:
     first: Any = deadlines()
     assert deadlines() is first
-    async with first.timeout(0.5):
-        await asyncio.sleep(0)
+    async with timeout(0.5):
+        assert first.pending == 1  # the block waits in the running loop's queue
+    assert first.pending == 0
