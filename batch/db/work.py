@@ -24,23 +24,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from operator import attrgetter
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy import (
     Date,
     Integer,
     String,
     bindparam,
-    case,
     func,
     insert,
-    literal,
     select,
     text,
     update,
@@ -51,11 +50,11 @@ from batch.client import Progress
 from batch.crypto import TokenCipher, TokenKeyError
 from batch.db import bulk
 from batch.db.engine import transaction
+from batch.db.handoff import GilHandoff
 from batch.db.schema import (
     UTCDateTime,
     call_outcomes,
     consents,
-    dead_assets,
     dead_letters,
 )
 from batch.errors import describe
@@ -155,10 +154,46 @@ _PG_CLAIM = text(
 ).bindparams(*_PICK_PARAMS, bindparam("until", type_=UTCDateTime),
              bindparam("worker", type_=String))
 
-# SQLite has one writer at a time: pick, then lease, in the same transaction.
+# SQLite has one writer at a time: pick, then lease, then read, in the same transaction.
+# Each statement answers in one row (a JSON array): the driver's thread steps each result row
+# with the GIL released and taken back, and a thread that must take the GIL back from a
+# busy event loop waits up to the switch interval (5 ms) each time: a 700-row claim took
+# 60 s against a busy loop when read row by row (batch/db/bulk.py says more).
 _SQLITE_PICK = text(
-    f"SELECT id, (lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale {_DUE}"
+    "SELECT json_group_array(json_array(id, stale)) FROM (SELECT id, "
+    f"(lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale {_DUE})"
 ).bindparams(*_PICK_PARAMS)
+_SQLITE_LEASE = text("""
+    UPDATE consents
+    SET lease_owner = :worker, lease_until = :until, started_at = NULL, counters_week = :wk,
+        attempts = CASE WHEN counters_week = :wk THEN attempts ELSE 0 END,
+        unknown_attempts = CASE WHEN counters_week = :wk THEN unknown_attempts ELSE 0 END
+            + CASE WHEN id IN (SELECT value FROM json_each(:stale)) THEN 1 ELSE 0 END,
+        pending_items = CASE WHEN counters_week = :wk THEN pending_items END
+    WHERE id IN (SELECT value FROM json_each(:ids))
+""").bindparams(bindparam("wk", type_=Date), bindparam("until", type_=UTCDateTime),
+                bindparam("worker", type_=String))
+_SQLITE_READ = text("""
+    SELECT json_group_array(json_array(
+        id, user_id, due_week, attempts, unknown_attempts, access_token, refresh_token,
+        pending_items, json((SELECT json_group_array(item_id) FROM dead_assets
+                             WHERE consent_id = consents.id))))
+    FROM consents WHERE id IN (SELECT value FROM json_each(:ids))
+""")
+
+
+class _ClaimRow(NamedTuple):
+    """A claim statement's row, as ``_claims_of`` reads it (SQLite's JSON form)."""
+
+    id: int
+    user_id: str
+    due_week: str
+    attempts: int
+    unknown_attempts: int
+    stale: bool
+    access_token: str
+    refresh_token: str | None
+    pending_items: str | None
 
 
 async def claim(
@@ -190,8 +225,7 @@ async def claim(
             rows: Sequence[Any] = (await conn.execute(_PG_CLAIM, params)).all()
             dead = {r.id: [str(x) for x in r.dead_items] for r in rows if r.dead_items}
         else:
-            rows = await _sqlite_claim(conn, params, week)
-            dead = await _dead_items(conn, [r.id for r in rows])
+            rows, dead = await _sqlite_claim(conn, params)
     return _claims_of(rows, org_code, dead)
 
 
@@ -287,51 +321,34 @@ async def claim_many(
                 found[r.org_code] = _claims_of(by_org.get(r.org_code, ()), r.org_code, dead)
         else:
             for r in asked:
-                got = await _sqlite_claim(conn, {
+                got, dead_items = await _sqlite_claim(conn, {
                     "org": r.org_code, "wk": week, "cur_week": r.after[0],
                     "cur_id": r.after[1], "now": now, "n": r.limit, "worker": worker,
-                    "until": now + lease}, week)
-                found[r.org_code] = _claims_of(
-                    got, r.org_code, await _dead_items(conn, [x.id for x in got]))
+                    "until": now + lease})
+                found[r.org_code] = _claims_of(got, r.org_code, dead_items)
     return [found.get(r.org_code, []) for r in requests]
 
 
-async def _sqlite_claim(conn: AsyncConnection, params: dict[str, object],
-                        week: date) -> Sequence[Any]:
-    picked = (await conn.execute(_SQLITE_PICK, params)).all()
+async def _sqlite_claim(conn: AsyncConnection, params: dict[str, object]
+                        ) -> tuple[list[_ClaimRow], dict[int, list[str]]]:
+    """Pick, lease and read one provider's claims (three statements, one row each); the
+    rows and each one's dead items."""
+    picked = json.loads((await conn.execute(_SQLITE_PICK, params)).scalar_one())
     if not picked:
-        return []
-    c = consents.c
-    ids = [r.id for r in picked]
-    stale_ids = [r.id for r in picked if r.stale]
-    same = c.counters_week == literal(week, Date)
-    await conn.execute(
-        update(consents).where(c.id.in_(ids)).values(
-            lease_owner=params["worker"], lease_until=params["until"], started_at=None,
-            counters_week=week,
-            attempts=case((same, c.attempts), else_=0),
-            unknown_attempts=case((same, c.unknown_attempts), else_=0)
-            + case((c.id.in_(stale_ids), 1), else_=0),
-            pending_items=case((same, c.pending_items), else_=None),
-        )
-    )
-    stale = case((c.id.in_(stale_ids), True), else_=False).label("stale")
-    return (await conn.execute(
-        select(c.id, c.user_id, c.due_week, c.attempts, c.unknown_attempts, stale,
-               c.access_token, c.refresh_token, c.pending_items)
-        .where(c.id.in_(ids))
-    )).all()
-
-
-async def _dead_items(conn: AsyncConnection, ids: Sequence[int]) -> dict[int, list[str]]:
-    if not ids:
-        return {}
-    found: dict[int, list[str]] = defaultdict(list)
-    for cid, item in (await conn.execute(
-            select(dead_assets.c.consent_id, dead_assets.c.item_id)
-            .where(dead_assets.c.consent_id.in_(list(ids))))).all():
-        found[int(cid)].append(str(item))
-    return found
+        return [], {}
+    ids = json.dumps([i for i, _ in picked])
+    stale = {i for i, st in picked if st}
+    await conn.execute(_SQLITE_LEASE, {
+        "worker": params["worker"], "until": params["until"], "wk": params["wk"],
+        "stale": json.dumps(sorted(stale)), "ids": ids})
+    rows: list[_ClaimRow] = []
+    dead: dict[int, list[str]] = {}
+    for cid, user, wk, att, unk, acc, ref, pend, items in json.loads(
+            (await conn.execute(_SQLITE_READ, {"ids": ids})).scalar_one()):
+        rows.append(_ClaimRow(cid, user, wk, att, unk, cid in stale, acc, ref, pend))
+        if items:
+            dead[cid] = [str(x) for x in items]
+    return rows, dead
 
 
 def _as_date(v: object) -> date:
@@ -610,6 +627,7 @@ class SqlWorkStore:
         self.cipher = cipher
         sqlite = engine.dialect.name == "sqlite"
         self._serial: asyncio.Lock | None = asyncio.Lock() if sqlite else None
+        self._handoff = GilHandoff()
         self._claims: list[tuple[ClaimRequest, tuple[str, date, timedelta], datetime,
                                  asyncio.Future[list[Claim]]]] = []
         self._claiming: asyncio.Task[None] | None = None
@@ -621,7 +639,15 @@ class SqlWorkStore:
         self.transactions: dict[str, int] = defaultdict(int)
 
     def _turn(self) -> contextlib.AbstractAsyncContextManager[object]:
-        return self._serial if self._serial is not None else contextlib.nullcontext()
+        return self._sqlite_turn() if self._serial is not None else contextlib.nullcontext()
+
+    @contextlib.asynccontextmanager
+    async def _sqlite_turn(self) -> AsyncIterator[None]:
+        """This process's SQLite writes one at a time, the driver's thread handed the GIL
+        while they run (batch/db/handoff.py)."""
+        assert self._serial is not None
+        async with self._serial, self._handoff:
+            yield
 
     async def claim(self, org_code: str, *, worker: str, week: date, now: datetime,
                     limit: int, after: Cursor = START,
