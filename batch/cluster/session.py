@@ -142,18 +142,25 @@ class ClusterSession:
         self._lost_at = self._clock.monotonic()
         self.fallbacks += 1
         self.last_error = describe(exc)
-        self._apply_local()
+        self._apply_local(lost_at=self._lost_at)
         log.error("REDIS LOST: shared rate limits replaced by local ones (rate / live "
                   "workers) until it is back", extra={
                       "action": "shared_limit_lost", "error": self.last_error,
                       "live_workers": self._live})
 
-    def _apply_local(self) -> None:
+    def _apply_local(self, *, lost_at: float | None = None) -> None:
+        """Each limiter alone at its share of the rate. Just lost (``lost_at``, now): the
+        first local call waits out the shared permits granted before (any worker's, at most
+        a horizon past their grant, which came before we saw Redis go) and one interval
+        more, so the seconds across the switch hold the limit plus its burst too."""
         share = 1.0 / max(1, self._live)
         for org, chain in self._chains.items():
-            chain.limiter.shared = None
-            chain.limiter.set_share(share)
+            limiter = chain.limiter
+            limiter.shared = None
+            limiter.set_share(share)
             self._stocks[org].clear()
+            if lost_at is not None:
+                limiter.hold(lost_at + self.options.horizon + limiter.interval)
 
     def _restore(self) -> None:
         self._shared = True

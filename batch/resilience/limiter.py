@@ -109,6 +109,17 @@ class RateLimiter:
         self.late_slots += 1
         return True
 
+    def hold(self, until: float) -> None:
+        """No slot before ``until`` (a monotonic time); the spacing from there on. Cluster
+        mode, Redis lost: the shared permits other workers hold still run out."""
+        if until + self._tau > self._tat:
+            self._tat = until + self._tau
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two calls at the rate in force."""
+        return self._interval
+
     def set_share(self, share: float) -> None:
         """Run at ``share`` of the configured rate (cluster mode without its shared limit:
         the rate divided among the live workers); 1.0 is the configured rate."""

@@ -174,6 +174,22 @@ def _session(clock: FakeClock, cap: int | None = None
     return s, chains[0], chains[1]
 
 
+def test_redis_lost_no_local_call_goes_out_before_the_granted_shared_permits_ran_out() -> None:
+    """Other workers may still hold shared permits up to a horizon past their grant: the
+    first local slot waits out the horizon and one local interval, so the seconds across
+    the switch stay within the limit plus its burst (the live test counts them)."""
+    clock = FakeClock(datetime(2026, 11, 30, tzinfo=UTC))
+    s, bank, _card = _session(clock)
+    s._live = 3
+    clock.advance(100.0)
+    s.lost(ConnectionError("Connection refused"))
+    now = clock.monotonic()
+    interval = 3 / 30.0  # 30 calls/s over 3 workers
+    first = bank.limiter.reserve(now, 5.0)
+    assert first == pytest.approx(s.options.horizon + interval)
+    assert bank.limiter.reserve(now, 5.0) == pytest.approx(first + interval)
+
+
 def test_redis_lost_each_limiter_runs_alone_at_its_rate_over_the_live_workers(
         caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeClock(datetime(2026, 11, 30, tzinfo=UTC))
