@@ -20,8 +20,10 @@ lint: install
 	$(BIN)/ruff check planning batch tests
 	$(BIN)/mypy planning batch
 
+# Three pytest-xdist workers on two cores: most tests wait on real time (subprocesses,
+# sockets); the multi-process cluster tests stay on one worker (tests/conftest.py).
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 3 --dist loadgroup
 
 bench: install
 	$(BIN)/python -m pytest -q -s tests/bench

@@ -116,3 +116,22 @@ def redis_url() -> str:
     except Exception as exc:
         _unavailable("Redis", exc)
     return REDIS_URL
+
+
+#: Tests that run several worker processes against real time and count what the simulator
+#: saw per second: under pytest-xdist (``make test``) they run one after another on one
+#: worker, never beside each other, and start first (they are the longest).
+SERIAL_FILES = (
+    "tests/integration/test_cluster_live.py",
+    "tests/integration/test_cluster_circuit_live.py",
+    "tests/cluster/test_circuit_cluster.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    serial = [i for i in items if i.nodeid.startswith(SERIAL_FILES)]
+    for item in serial:
+        item.add_marker(pytest.mark.xdist_group("cluster-live"))
+    if serial and getattr(config.option, "numprocesses", None):
+        chosen = set(map(id, serial))
+        items[:] = serial + [i for i in items if id(i) not in chosen]
