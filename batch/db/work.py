@@ -305,6 +305,7 @@ async def claim_many(
     if not asked:
         return [[] for _ in requests]
     found: dict[str, list[Claim]] = {}
+    rows: Sequence[Any] = ()
     async with transaction(engine) as conn:
         if conn.dialect.name == "postgresql":
             await conn.exec_driver_sql("SET LOCAL synchronous_commit = off")  # see claim()
@@ -313,12 +314,6 @@ async def claim_many(
                 "cur_weeks": [r.after[0] for r in asked],
                 "cur_ids": [r.after[1] for r in asked], "ns": [r.limit for r in asked],
                 "wk": week, "now": now, "until": now + lease, "worker": worker})).all()
-            by_org: dict[str, list[Any]] = defaultdict(list)
-            for row in rows:
-                by_org[str(row.org_code).strip()].append(row)
-            dead = {r.id: [str(x) for x in r.dead_items] for r in rows if r.dead_items}
-            for r in asked:
-                found[r.org_code] = _claims_of(by_org.get(r.org_code, ()), r.org_code, dead)
         else:
             for r in asked:
                 got, dead_items = await _sqlite_claim(conn, {
@@ -326,6 +321,15 @@ async def claim_many(
                     "cur_id": r.after[1], "now": now, "n": r.limit, "worker": worker,
                     "until": now + lease})
                 found[r.org_code] = _claims_of(got, r.org_code, dead_items)
+    if rows:  # PostgreSQL's one statement for all: the claims made per provider
+        by_org: dict[str, list[Any]] = defaultdict(list)
+        for row in rows:
+            by_org[str(row.org_code).strip()].append(row)
+        dead = {r.id: [str(x) for x in r.dead_items] for r in rows if r.dead_items}
+        for k, r in enumerate(asked):
+            if k and k % WAKE_GROUP == 0:
+                await asyncio.sleep(0)  # hundreds of providers: let the due ticks run
+            found[r.org_code] = _claims_of(by_org.get(r.org_code, ()), r.org_code, dead)
     return [found.get(r.org_code, []) for r in requests]
 
 
@@ -610,6 +614,26 @@ class WorkStore(Protocol):
         ...
 
 
+#: callers woken per turn of the event loop when one statement answers many of them (the
+#: claims and start marks of hundreds of providers): the loop runs its due timers (the 100
+#: ms slices' ticks) between two groups instead of after all of them
+WAKE_GROUP = 16
+
+
+async def _wake(answers: Sequence[tuple[asyncio.Future[Any], Any]]) -> None:
+    """Resolve each future with its answer, WAKE_GROUP per turn of the loop."""
+    try:
+        for k, (fut, value) in enumerate(answers):
+            if k and k % WAKE_GROUP == 0:
+                await asyncio.sleep(0)
+            if not fut.done():
+                fut.set_result(value)
+    finally:  # cancelled part way (shutdown): nobody is left waiting forever
+        for fut, _ in answers:
+            if not fut.done():
+                fut.cancel()
+
+
 class SqlWorkStore:
     """The real store (SQLite or PostgreSQL): the functions above over one engine, tokens
     sealed with ``cipher`` on the way in and opened as each refresh starts.
@@ -720,9 +744,8 @@ class SqlWorkStore:
                             if not fut.done():
                                 fut.set_exception(exc)
                     else:
-                        for (*_, fut), claims in zip(todo, got, strict=True):
-                            if not fut.done():
-                                fut.set_result(claims)
+                        await _wake([(fut, claims) for (*_, fut), claims
+                                     in zip(todo, got, strict=True)])
         finally:
             self._claiming = None
 
@@ -765,9 +788,7 @@ class SqlWorkStore:
                         if not fut.done():
                             fut.set_exception(exc)
                 else:
-                    for *_, fut in batch:
-                        if not fut.done():
-                            fut.set_result(marked)
+                    await _wake([(fut, marked) for *_, fut in batch])
         finally:
             self._marking = None
 
