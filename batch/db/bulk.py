@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import BigInteger, Boolean, Date, Float, Integer, SmallInteger, String, Text
@@ -64,25 +65,70 @@ def is_postgresql(conn: AsyncConnection) -> bool:
 
 # -- PostgreSQL -----------------------------------------------------------------------------
 
-_pg_statements: dict[tuple[str, ...], str] = {}
+@dataclass(frozen=True, slots=True)
+class _Columns:
+    """A batch's columns for one statement: those that vary travel as arrays (each in
+    ``arrays``' order), those with one value for every row as a single parameter each (a
+    flush's rows mostly share them: the week, the result, the cleared lease; an array
+    element costs the driver as much to encode as a whole parameter)."""
+
+    arrays: tuple[str, ...]
+    scalars: tuple[str, ...]
+    params: tuple[Any, ...]  # the arrays, then the scalars
+
+    @classmethod
+    def of(cls, rows: Sequence[dict[str, Any]], cols: Sequence[str],
+           always: str | None = None) -> _Columns:
+        """``always``: a column sent as an array whatever its values (the one that makes
+        ``unnest`` give a row per row)."""
+        arrays: list[str] = []
+        scalars: list[str] = []
+        vary: list[list[Any]] = []
+        same: list[Any] = []
+        for c in cols:
+            column = [r[c] for r in rows]
+            first = column[0]
+            if c != always and all(v == first and type(v) is type(first) for v in column):
+                scalars.append(c)
+                same.append(first)
+            else:
+                arrays.append(c)
+                vary.append(column)
+        return cls(tuple(arrays), tuple(scalars), (*vary, *same))
+
+    def sql_parts(self, table: Table, first: int) -> tuple[str, dict[str, str]]:
+        """The ``unnest(...)`` arguments from parameter ``$first`` on, and each column's
+        expression (``u.<column>`` or a parameter)."""
+        n = first
+        arrays = []
+        expr: dict[str, str] = {}
+        for c in self.arrays:
+            arrays.append(f"${n}::{pg_type(table, c)}[]")
+            expr[c] = f"u.{c}"
+            n += 1
+        for c in self.scalars:
+            expr[c] = f"${n}::{pg_type(table, c)}"
+            n += 1
+        return ", ".join(arrays), expr
 
 
-def _pg_update_sql(cols: tuple[str, ...]) -> str:
-    sql = _pg_statements.get(cols)
+_pg_statements: dict[tuple[object, ...], str] = {}
+
+
+def _pg_update_sql(cols: tuple[str, ...], split: _Columns) -> str:
+    key = ("update", cols, split.arrays)
+    sql = _pg_statements.get(key)
     if sql is None:
-        arrays = ", ".join(f"${i + 2}::{pg_type(consents, c)}[]" for i, c in enumerate(cols))
-        names = ", ".join(cols)
-        sets = ", ".join(f"{c} = u.{c}" for c in cols)
+        arrays, expr = split.sql_parts(consents, 2)
+        n = 2 + len(split.arrays) + len(split.scalars)
+        names = "".join(f", {c}" for c in split.arrays)
+        sets = ", ".join(f"{c} = {expr[c]}" for c in cols)
         sql = (f"UPDATE consents AS c SET {sets} "
-               f"FROM unnest($1::bigint[], {arrays}) AS u(id, {names}) "
-               f"WHERE c.id = u.id AND c.lease_owner = ${len(cols) + 2} "
+               f"FROM unnest($1::bigint[]{', ' if arrays else ''}{arrays}) AS u(id{names}) "
+               f"WHERE c.id = u.id AND c.lease_owner = ${n} "
                "RETURNING c.id")
-        _pg_statements[cols] = sql
+        _pg_statements[key] = sql
     return sql
-
-
-def _columns(rows: Sequence[dict[str, Any]], cols: tuple[str, ...]) -> list[list[Any]]:
-    return [[r[c] for r in rows] for c in cols]
 
 
 async def update_held(conn: AsyncConnection, ids: Sequence[int],
@@ -93,8 +139,9 @@ async def update_held(conn: AsyncConnection, ids: Sequence[int],
         return set()
     cols = tuple(values[0])
     if is_postgresql(conn):
+        split = _Columns.of(values, cols)
         res = await conn.exec_driver_sql(
-            _pg_update_sql(cols), (list(ids), *_columns(values, cols), worker))
+            _pg_update_sql(cols, split), (list(ids), *split.params, worker))
         return {int(r[0]) for r in res}
     held = await held_by(conn, ids, worker=worker)
     if held:
@@ -168,11 +215,17 @@ async def insert_outcomes(conn: AsyncConnection, rows: Sequence[dict[str, Any]])
     cols = _OUTCOME_COLS
     names = ", ".join(cols)
     if is_postgresql(conn):
-        arrays = ", ".join(f"${i + 1}::{pg_type(call_outcomes, c)}[]"
-                           for i, c in enumerate(cols))
-        await conn.exec_driver_sql(
-            f"INSERT INTO call_outcomes ({names}) SELECT * FROM unnest({arrays})",
-            tuple(_columns(rows, cols)))
+        split = _Columns.of(rows, cols, always="consent_id")
+        key = ("outcomes", split.arrays)
+        sql = _pg_statements.get(key)
+        if sql is None:
+            arrays, expr = split.sql_parts(call_outcomes, 1)
+            names_u = ", ".join(split.arrays)
+            sql = (f"INSERT INTO call_outcomes ({names}) "
+                   f"SELECT {', '.join(expr[c] for c in cols)} "
+                   f"FROM unnest({arrays}) AS u({names_u})")
+            _pg_statements[key] = sql
+        await conn.exec_driver_sql(sql, split.params)
         return
     procs = _sqlite_processors(conn.dialect, call_outcomes, cols)
     fields = ", ".join(f"json_extract(value, '$[{k}]')" for k in range(len(cols)))

@@ -90,3 +90,21 @@ async def test_held_by_answers_for_more_ids_than_sqlite_binds_at_once(
     async with transaction(engine) as conn:
         assert await bulk.held_by(conn, ids, worker="w1", lock=True) == set(ids)
         assert await bulk.held_by(conn, ids, worker="w2") == set()
+
+
+@pytest.mark.parametrize("n", [1, 3])
+async def test_outcome_rows_alike_or_not_are_all_written(engine: AsyncEngine, n: int) -> None:
+    """Columns with one value for every row go as one parameter, the rest as arrays."""
+    rows = [{"run_id": "r1", "consent_id": 10 + i, "org_code": "BANK000001",
+             "day": NOW.date(), "tran_id": None if i else "OPERATOR01M00000000000001",
+             "kind": "success", "action": "done", "rsp_code": "00000", "calls": 2,
+             "elapsed_ms": 5 * i, "at": NOW + timedelta(seconds=i)} for i in range(n)]
+    async with transaction(engine) as conn:
+        await bulk.insert_outcomes(conn, rows)
+    async with engine.connect() as conn:
+        got = [dict(r._mapping) for r in (await conn.execute(
+            select(schema.call_outcomes).order_by(schema.call_outcomes.c.consent_id))).all()]
+    for r in got:
+        del r["id"]
+        r["org_code"] = r["org_code"].strip()
+    assert got == rows
