@@ -10,7 +10,8 @@ been called is never taken for an uncalled one, and a claim that only sat in the
 plainly due again, not an unknown outcome. The consumer ticks on absolute deadlines, so a late
 tick never shifts the ones after it; lateness is measured per tick. A slice with nothing to
 start is not ticked (a slow provider wakes only for its starts), and each provider's ticks
-sit at their own offset into the slice (so hundreds of providers do not all wake at once). A slow refresh never delays a tick: each runs in its own task.
+sit at their own offset into the slice (so hundreds of providers do not all wake at once).
+A slow refresh never delays a tick: each runs in its own task.
 
 Each provider also has a phase in [0, 1) (the run gives the i-th of N providers i/N): its
 starts fall in the slices that far along the carried fraction (``slice_counts``; the minute's
