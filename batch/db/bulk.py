@@ -88,7 +88,9 @@ class _Columns:
         for c in cols:
             column = [r[c] for r in rows]
             first = column[0]
-            if c != always and all(v == first and type(v) is type(first) for v in column):
+            # count() compares in C; a column's values are of one type or None, and None,
+            # a date and a datetime never compare equal to each other
+            if c != always and column.count(first) == len(column):
                 scalars.append(c)
                 same.append(first)
             else:
