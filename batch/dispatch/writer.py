@@ -66,10 +66,18 @@ class OutcomeWriter:
         if len(self._buffer) >= self._max_batch:
             self._wake.set()
 
-    async def flush(self) -> bool:
-        """Write everything buffered now; False (and the batch kept) if the database failed."""
-        while self._buffer:
-            batch = self._buffer[: self._max_batch]
+    async def flush(self, *, drain: bool = False) -> bool:
+        """Write what is buffered now (``drain``: until nothing is left, what arrives while
+        writing included); False (and the batch kept) if the database failed.
+
+        Without ``drain`` the outcomes that arrive during the write wait for the next one:
+        under a steady stream a loop "while anything is buffered" never stops writing, and
+        each round trip then carries only what came in during the previous one (1,200
+        outcomes a second made 26 transactions a second instead of 2)."""
+        left = len(self._buffer)
+        while self._buffer and (drain or left > 0):
+            batch = self._buffer[: self._max_batch if drain else min(left, self._max_batch)]
+            left -= len(batch)
             try:
                 await self._store.apply(batch, run_id=self._run_id, worker=self._worker,
                                         day=self._day)
@@ -126,7 +134,7 @@ class OutcomeWriter:
         deadline = self._clock.monotonic() + timeout
         delay = 0.2
         while True:
-            if await self.flush():
+            if await self.flush(drain=True):
                 return True
             if self._clock.monotonic() + delay > deadline:
                 return False

@@ -70,9 +70,11 @@ def _institutions_toml(ports: list[int], n: int) -> str:
 async def _run(url: str, insts: Institutions, plan: dict[int, int]) -> dict[str, Any]:
     engine = await _prepare(url, insts, plan)
     counts = {"statements": 0, "commits": 0}
+    kinds: dict[str, int] = defaultdict(int)
 
-    def _statement(*_: object) -> None:
+    def _statement(_conn: object, _cursor: object, statement: str, *_: object) -> None:
         counts["statements"] += 1
+        kinds[_kind(statement)] += 1
 
     def _commit(*_: object) -> None:
         counts["commits"] += 1
@@ -112,8 +114,18 @@ async def _run(url: str, insts: Institutions, plan: dict[int, int]) -> dict[str,
         "slices": sum(int(p["slices"]) for p in provs),
         "err_max": max(errs), "err_mean": statistics.fmean(errs),
         "off_by_more": sum(e > 0.01 for e in errs), "cells": len(errs),
-        **counts,
+        "kinds": dict(kinds), **counts,
     }
+
+
+def _kind(statement: str) -> str:
+    """A statement's verb and first table, for the per-kind counts printed."""
+    words = statement.split()
+    verb = words[0].upper() if words else "?"
+    for k, w in enumerate(words):
+        if w.upper() in ("FROM", "INTO", "UPDATE") and k + 1 < len(words):
+            return f"{verb} {words[k + 1].strip('(').lower()}"
+    return verb
 
 
 @pytest.mark.timeout(1800)
@@ -160,5 +172,9 @@ def test_three_hundred_providers_in_one_process(
     print("    late p50/p99/max: the worst provider's; p99 med: the median provider's p99; "
           "cpu: this process (100% = one core); stmt/s: statements sent over the run's wall "
           "time (setup excluded); plan err: |done - planned| / planned per provider-minute")
+    for backend, (f, _, _) in figures.items():
+        top = sorted(f["kinds"].items(), key=lambda kv: -kv[1])[:8]
+        print(f"    {backend} statements/s by kind: "
+              + ", ".join(f"{k} {n / f['wall']:.1f}" for k, n in top))
     for backend, (f, _, _) in figures.items():
         assert f["totals"]["failed"] == 0, (backend, f["totals"])
