@@ -118,20 +118,36 @@ def redis_url() -> str:
     return REDIS_URL
 
 
-#: Tests that run several worker processes against real time and count what the simulator
-#: saw per second: under pytest-xdist (``make test``) they run one after another on one
-#: worker, never beside each other, and start first (they are the longest).
-SERIAL_FILES = (
-    "tests/integration/test_cluster_live.py",
-    "tests/integration/test_cluster_circuit_live.py",
-    "tests/cluster/test_circuit_cluster.py",
-)
+#: Tests that run subprocesses against a scaled real-time clock: under pytest-xdist (``make
+#: test``) each group runs one test at a time on one worker, and both start first (they are
+#: the longest). Several worker processes counted per second by the simulator ("cluster-
+#: live"), and one run against its window ("realtime"): two of them side by side on two
+#: cores fell behind their clock (a run that cannot keep up leaves work undone and exits 1).
+SERIAL_GROUPS = {
+    "cluster-live": (
+        "tests/integration/test_cluster_live.py",
+        "tests/integration/test_cluster_circuit_live.py",
+        "tests/cluster/test_circuit_cluster.py",
+    ),
+    "realtime": (
+        "tests/integration/test_sigterm.py",
+        "tests/integration/test_crash_restart.py",
+        "tests/integration/test_run_live.py",
+        "tests/integration/test_window_change.py",
+        "tests/integration/test_revoke_live.py",
+        "tests/integration/test_run_observed.py",
+        "tests/integration/test_chain_outage.py",
+    ),
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    serial = [i for i in items if i.nodeid.startswith(SERIAL_FILES)]
-    for item in serial:
-        item.add_marker(pytest.mark.xdist_group("cluster-live"))
-    if serial and getattr(config.option, "numprocesses", None):
-        chosen = set(map(id, serial))
-        items[:] = serial + [i for i in items if id(i) not in chosen]
+    grouped: list[pytest.Item] = []
+    for group, files in SERIAL_GROUPS.items():
+        for item in items:
+            if item.nodeid.startswith(files):
+                item.add_marker(pytest.mark.xdist_group(group))
+                grouped.append(item)
+    if grouped and getattr(config.option, "numprocesses", None):
+        chosen = set(map(id, grouped))
+        items[:] = grouped + [i for i in items if id(i) not in chosen]

@@ -136,6 +136,13 @@ def test_kill_9_of_one_worker_loses_nothing(
     with private_redis() as (redis_url, _), SimulatorProcess(
             toml, window_override=[WINDOW]) as sim:
         procs = _workers(pg_url, redis_url, env)
+        # w1 must have joined and taken work before it dies (a loaded machine can start a
+        # process slower than the scaled clock runs): else there is nothing to lose
+        deadline = time.monotonic() + 60
+        while not any(r.lease_owner == "w1" for r in final_rows(pg_url)[0]):
+            assert procs[1].poll() is None, procs[1].communicate()
+            assert time.monotonic() < deadline, "w1 never claimed anything"
+            time.sleep(0.2)
         time.sleep(_until(clock, *kill_at))
         assert procs[1].poll() is None, procs[1].communicate()
         mid = sim.stats()

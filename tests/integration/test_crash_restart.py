@@ -35,7 +35,7 @@ from tests.integration.helpers import (
 
 pytestmark = pytest.mark.integration
 
-SPEED = 10.0
+SPEED = 5.0
 PER_PROVIDER = 300
 
 

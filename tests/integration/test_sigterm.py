@@ -30,7 +30,7 @@ from tests.integration.helpers import (
 
 pytestmark = pytest.mark.integration
 
-SPEED = 10.0
+SPEED = 5.0
 
 
 def test_sigterm_releases_unstarted_work_writes_outcomes_and_exits_3(
