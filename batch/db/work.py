@@ -225,7 +225,8 @@ async def claim(
             rows: Sequence[Any] = (await conn.execute(_PG_CLAIM, params)).all()
             dead = {r.id: [str(x) for x in r.dead_items] for r in rows if r.dead_items}
         else:
-            rows, dead = await _sqlite_claim(conn, params)
+            return (await _sqlite_claim(conn, [ClaimRequest(org_code, limit, after)],
+                                        common=params)).get(org_code, [])
     return _claims_of(rows, org_code, dead)
 
 
@@ -315,12 +316,8 @@ async def claim_many(
                 "cur_ids": [r.after[1] for r in asked], "ns": [r.limit for r in asked],
                 "wk": week, "now": now, "until": now + lease, "worker": worker})).all()
         else:
-            for r in asked:
-                got, dead_items = await _sqlite_claim(conn, {
-                    "org": r.org_code, "wk": week, "cur_week": r.after[0],
-                    "cur_id": r.after[1], "now": now, "n": r.limit, "worker": worker,
-                    "until": now + lease})
-                found[r.org_code] = _claims_of(got, r.org_code, dead_items)
+            found = await _sqlite_claim(conn, asked, common={
+                "wk": week, "now": now, "worker": worker, "until": now + lease})
     if rows:  # PostgreSQL's one statement for all: the claims made per provider
         by_org: dict[str, list[Any]] = defaultdict(list)
         for row in rows:
@@ -333,26 +330,35 @@ async def claim_many(
     return [found.get(r.org_code, []) for r in requests]
 
 
-async def _sqlite_claim(conn: AsyncConnection, params: dict[str, object]
-                        ) -> tuple[list[_ClaimRow], dict[int, list[str]]]:
-    """Pick, lease and read one provider's claims (three statements, one row each); the
-    rows and each one's dead items."""
-    picked = json.loads((await conn.execute(_SQLITE_PICK, params)).scalar_one())
-    if not picked:
-        return [], {}
-    ids = json.dumps([i for i, _ in picked])
-    stale = {i for i, st in picked if st}
+async def _sqlite_claim(conn: AsyncConnection, requests: Sequence[ClaimRequest], *,
+                        common: dict[str, object]) -> dict[str, list[Claim]]:
+    """Pick each provider's claims (one statement each: a LIMIT per provider), then lease
+    and read all of them at once (one statement each), every statement answering in one
+    row; the claims per provider. ``common``: ``wk``, ``now``, ``worker``, ``until``."""
+    org_of: dict[int, str] = {}
+    stale: set[int] = set()
+    for r in requests:
+        for i, st in json.loads((await conn.execute(_SQLITE_PICK, {
+                "org": r.org_code, "cur_week": r.after[0], "cur_id": r.after[1],
+                "n": r.limit, "wk": common["wk"], "now": common["now"]})).scalar_one()):
+            org_of[i] = r.org_code
+            if st:
+                stale.add(i)
+    if not org_of:
+        return {}
+    ids = json.dumps(list(org_of))
     await conn.execute(_SQLITE_LEASE, {
-        "worker": params["worker"], "until": params["until"], "wk": params["wk"],
+        "worker": common["worker"], "until": common["until"], "wk": common["wk"],
         "stale": json.dumps(sorted(stale)), "ids": ids})
-    rows: list[_ClaimRow] = []
+    rows: dict[str, list[_ClaimRow]] = defaultdict(list)
     dead: dict[int, list[str]] = {}
     for cid, user, wk, att, unk, acc, ref, pend, items in json.loads(
             (await conn.execute(_SQLITE_READ, {"ids": ids})).scalar_one()):
-        rows.append(_ClaimRow(cid, user, wk, att, unk, cid in stale, acc, ref, pend))
+        rows[org_of[cid]].append(
+            _ClaimRow(cid, user, wk, att, unk, cid in stale, acc, ref, pend))
         if items:
             dead[cid] = [str(x) for x in items]
-    return rows, dead
+    return {org: _claims_of(got, org, dead) for org, got in rows.items()}
 
 
 def _as_date(v: object) -> date:

@@ -7,7 +7,7 @@ import asyncio
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import event, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.db import schema, work
@@ -42,10 +42,23 @@ async def test_claims_of_many_providers_in_one_go_match_their_own_claims(
         await conn.execute(insert(schema.dead_assets).values(
             consent_id=4, item_id="acct-x", since=NOW))
     store = work.SqlWorkStore(engine, CIPHER)
-    got = await asyncio.gather(*(
-        store.claim(org, worker="w1", week=WEEK, now=NOW, limit=k + 2)
-        for k, org in enumerate(ORGS)))
-    assert store.transactions["claim"] == 1  # one statement for the three
+    sent: list[str] = []
+
+    def listen(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        sent.append(statement)
+
+    event.listen(engine.sync_engine, "before_cursor_execute", listen)
+    try:
+        got = await asyncio.gather(*(
+            store.claim(org, worker="w1", week=WEEK, now=NOW, limit=k + 2)
+            for k, org in enumerate(ORGS)))
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", listen)
+    assert store.transactions["claim"] == 1  # one transaction for the three
+    picks = [s for s in sent if "UPDATE" in s.upper() or "SELECT" in s.upper()]
+    # PostgreSQL: one statement (and its SET LOCAL); SQLite: a pick per provider (each has
+    # its own LIMIT), then one lease and one read for all of them
+    assert len(picks) == (1 if engine.dialect.name == "postgresql" else len(ORGS) + 2), sent
     for k, (org, claims) in enumerate(zip(ORGS, got, strict=True)):
         assert [c.org_code for c in claims] == [org] * (k + 2)
         assert [c.id for c in claims] == [i + 1 for i in range(30)
