@@ -33,14 +33,26 @@ local now = (tonumber(t[1]) - 1700000000 + tonumber(t[2]) / 1000000) * speed
 
 #: GCRA over a batch: up to n permits whose slots lie within `horizon` seconds of now;
 #: returns {factor, now, offset_1, ..., offset_k} (the server's now in cluster seconds, the
-#: offsets in seconds from it; as strings)
+#: offsets in seconds from it; as strings).
+#:
+#: One worker (ARGV[8] `lanes` = 1): one `tat`, slots in order, the burst allowed. Several:
+#: one lattice of slots `sp` apart from `base`, dealt out in lanes, lane j (ARGV[7], mod
+#: `lanes`) holding the points base + (k * lanes + j) * sp, each lane with its own next `kj`.
+#: The lanes' points never coincide, so together they hold the rate as one `tat` would
+#: (without the burst); but each worker's permits are spread over the horizon instead of
+#: coming in one stretch each round trip: with one `tat` over-asked by every worker, each
+#: round trip's newest stretch went whole to whoever asked first, and a worker's calls
+#: waited out the stretches the others held (a 2-worker cluster's calls 23 ms later each).
+#: A new lattice (the number of lanes changed, the back-off moved the spacing) starts after
+#: every slot already handed out (`tat` is past them all in both modes).
 PERMITS = _SERVER_NOW + """
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
 local horizon = tonumber(ARGV[4])
 local recovery = tonumber(ARGV[6])
-local h = redis.call('HMGET', KEYS[1], 'tat', 'low', 'hold')
+local lanes = tonumber(ARGV[8])
+local h = redis.call('HMGET', KEYS[1], 'tat', 'low', 'hold', 'lanes', 'base', 'sp')
 local tat = tonumber(h[1]) or now
 local factor = 1
 local low = tonumber(h[2])
@@ -54,15 +66,48 @@ if low and hold then
   end
 end
 local interval = 1 / (rate * factor)
-local tau = (burst - 1) * interval
 local out = {string.format('%.17g', factor), string.format('%.17g', now)}
-for i = 1, n do
-  local slot = tat - tau
-  if slot < now then slot = now end
-  if slot - now > horizon then break end
-  if tat < slot then tat = slot end
-  tat = tat + interval
-  out[#out + 1] = string.format('%.17g', slot - now)
+local had = tonumber(h[4])
+local function forget()
+  if had then
+    for j = 0, had - 1 do redis.call('HDEL', KEYS[1], 'k' .. j) end
+    redis.call('HDEL', KEYS[1], 'lanes', 'base', 'sp')
+  end
+end
+if lanes <= 1 then
+  forget()
+  local tau = (burst - 1) * interval
+  for i = 1, n do
+    local slot = tat - tau
+    if slot < now then slot = now end
+    if slot - now > horizon then break end
+    if tat < slot then tat = slot end
+    tat = tat + interval
+    out[#out + 1] = string.format('%.17g', slot - now)
+  end
+else
+  local base = tonumber(h[5])
+  local sp = tonumber(h[6])
+  if had ~= lanes or not base or not sp or sp < interval or sp > 1.01 * interval then
+    forget()
+    base = tat
+    if base < now then base = now end
+    sp = interval
+  end
+  local lane = tonumber(ARGV[7]) % lanes
+  local kf = 'k' .. lane
+  local k = tonumber(redis.call('HGET', KEYS[1], kf) or '0')
+  local first = math.ceil((now - base - lane * sp) / (lanes * sp))
+  if k < first then k = first end
+  for i = 1, n do
+    local slot = base + (k * lanes + lane) * sp
+    if slot - now > horizon then break end
+    k = k + 1
+    if tat < slot + sp then tat = slot + sp end
+    out[#out + 1] = string.format('%.17g', slot - now)
+  end
+  redis.call('HSET', KEYS[1], kf, string.format('%.17g', k), 'lanes', lanes,
+             'base', string.format('%.17g', base), 'sp', string.format('%.17g', sp))
 end
 redis.call('HSET', KEYS[1], 'tat', string.format('%.17g', tat))
 redis.call('EXPIRE', KEYS[1], 3600)
@@ -185,10 +230,15 @@ class RateAsk:
     n: int
     horizon: float
     recovery: float
+    #: this worker's lane of the shared slots, and how many lanes (the live workers)
+    lane: int = 0
+    lanes: int = 1
 
     def __post_init__(self) -> None:
         if self.rate <= 0 or self.burst < 1 or self.n < 0 or self.horizon <= 0:
             raise ValueError("bad permit ask")
+        if self.lanes < 1 or self.lane < 0:
+            raise ValueError("bad permit lane")
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +273,8 @@ class Scripts:
         async with self.redis.pipeline(transaction=False) as pipe:
             for a in asks:
                 await self._permits(keys=[self.keys.rate(a.org_code)], args=[
-                    a.rate, a.burst, a.n, a.horizon, self.speed, a.recovery], client=pipe)
+                    a.rate, a.burst, a.n, a.horizon, self.speed, a.recovery, a.lane,
+                    a.lanes], client=pipe)
             raw: list[Any] = await pipe.execute()
         return [Granted(float(r[0]), tuple(float(x) for x in r[2:]), float(r[1]))
                 for r in raw]

@@ -113,6 +113,7 @@ class ClusterSession:
         self._caps: dict[str, int | None] = {}  # this worker's own cap (run --concurrency)
         self.allowances: dict[str, SharedAllowance] = {}
         self._live = 1
+        self._lane = 0  # this worker's lane of the shared slots (_refresh_live)
         self._shared = True
         self._lost_at: float | None = None
         self.node_id = 0
@@ -291,6 +292,10 @@ class ClusterSession:
     async def _refresh_live(self) -> None:
         live = await registry.live_workers(self._engine, now=self._clock.now())
         n = max(1, len(live))
+        # this worker's lane of the shared slots: its place among the live by node number
+        # (two that see the registry differently for a beat may share one: still exact)
+        ids = sorted(w.node_id for w in live)
+        self._lane = ids.index(self.node_id) if self.node_id in ids else self.node_id % n
         if n != self._live:
             self._live = n
             for chain in self._chains.values():
@@ -366,7 +371,8 @@ class ClusterSession:
             n = stock.want(now, self._live)
             if n > 0:
                 asks.append(RateAsk(org, st.calls_per_second, st.burst, n,
-                                    self.options.horizon, st.recovery_time))
+                                    self.options.horizon, st.recovery_time,
+                                    lane=self._lane, lanes=self._live))
         if not asks:
             return
         sent = self._clock.monotonic()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -216,6 +217,31 @@ def test_redis_lost_each_limiter_runs_alone_at_its_rate_over_the_live_workers(
     assert rep["shared_limit"] == "shared"
 
 
+def _nodes(n: int, first: int = 1) -> list[SimpleNamespace]:
+    """Live workers as the registry lists them (only what the session reads)."""
+    return [SimpleNamespace(node_id=first + i) for i in range(n)]
+
+
+async def test_a_workers_lane_of_the_shared_slots_is_its_place_among_the_live(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from batch.cluster import registry
+
+    clock = FakeClock(datetime(2026, 11, 30, tzinfo=UTC))
+    s, _, _ = _session(clock)
+    s.node_id = 7
+    live = [SimpleNamespace(node_id=i) for i in (9, 3, 7)]
+
+    async def workers(engine: object, *, now: datetime) -> list[SimpleNamespace]:
+        return live
+
+    monkeypatch.setattr(registry, "live_workers", workers)
+    await s._refresh_live()
+    assert (s._lane, s._live) == (1, 3)  # 3, 7, 9: the second
+    live = [SimpleNamespace(node_id=i) for i in (3, 9)]  # not listed yet (a late beat)
+    await s._refresh_live()
+    assert (s._lane, s._live) == (1, 2)  # 7 mod 2: a lane shared for a beat, still exact
+
+
 async def test_each_worker_holds_its_share_of_a_providers_concurrency(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from batch.cluster import registry
@@ -223,18 +249,18 @@ async def test_each_worker_holds_its_share_of_a_providers_concurrency(
     clock = FakeClock(datetime(2026, 11, 30, tzinfo=UTC))
     s, bank, _ = _session(clock)
     assert bank.bulkhead.limit == 20  # one worker: the provider's max_concurrency
-    live = ["w1", "w2", "w3"]
+    live = _nodes(3)
 
-    async def workers(engine: object, *, now: datetime) -> list[str]:
+    async def workers(engine: object, *, now: datetime) -> list[SimpleNamespace]:
         return live
 
     monkeypatch.setattr(registry, "live_workers", workers)
     await s._refresh_live()
     assert bank.bulkhead.limit == 6  # 3 workers x 6 <= 20 in flight at the provider
-    live = ["w1"] * 40
+    live = _nodes(40)
     await s._refresh_live()
     assert bank.bulkhead.limit == 1  # never none
-    live = ["w1", "w2"]
+    live = _nodes(2)
     await s._refresh_live()
     assert bank.bulkhead.limit == 10
 
@@ -246,15 +272,15 @@ async def test_a_workers_own_cap_bounds_its_share_and_the_share_bounds_the_cap(
     clock = FakeClock(datetime(2026, 11, 30, tzinfo=UTC))
     s, bank, _ = _session(clock, cap=8)  # run --concurrency 8
     assert bank.bulkhead.limit == 8  # one worker: 20 allowed, 8 is what it is sized for
-    live = ["w1", "w2"]
+    live = _nodes(2)
 
-    async def workers(engine: object, *, now: datetime) -> list[str]:
+    async def workers(engine: object, *, now: datetime) -> list[SimpleNamespace]:
         return live
 
     monkeypatch.setattr(registry, "live_workers", workers)
     await s._refresh_live()
     assert bank.bulkhead.limit == 8  # 2 x 8 <= 20: the cap still binds, not the provider
-    live = ["w1", "w2", "w3"]
+    live = _nodes(3)
     await s._refresh_live()
     assert bank.bulkhead.limit == 6  # 3 x 8 > 20: the provider's share binds
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from itertools import pairwise
 
 import pytest
 from redis.asyncio import Redis
 
-from batch.cluster.scripts import Keys, RateAsk, Scripts
+from batch.cluster.scripts import Granted, Keys, RateAsk, Scripts
 
 
 @pytest.fixture
@@ -107,3 +108,58 @@ async def test_a_dead_runs_unused_grants_come_back_to_the_day_once(scripts: Scri
                                **kw) == 2
     # a run that accounted for all it was granted gives nothing back
     assert await scripts.reclaim("BANK000001", day="2026-11-30", member="live", used=15) == 0
+
+
+def _lane(n: int, lane: int, lanes: int, *, rate: float = 100.0,
+          horizon: float = 0.3) -> RateAsk:
+    return RateAsk("BANK000001", rate, 1, n, horizon, 60.0, lane=lane, lanes=lanes)
+
+
+def _times(g: Granted) -> list[float]:
+    return [g.server_now + o for o in g.offsets]
+
+
+def _spaced(times: list[float], gap: float) -> bool:
+    t = sorted(times)
+    return all(b - a >= gap - 1e-6 for a, b in pairwise(t))
+
+
+async def test_two_lanes_over_asking_each_get_slots_spread_over_the_horizon(
+        scripts: Scripts) -> None:
+    """Both workers ask for more than the horizon holds, round after round: with one tat
+    the newest stretch went whole to the first to ask; in lanes each gets every other
+    slot of it, and the two together never two slots closer than the rate's interval."""
+    got: dict[int, list[float]] = {0: [], 1: []}
+    for _ in range(4):
+        a, b = await scripts.permits([_lane(100, 0, 2), _lane(100, 1, 2)])
+        got[0] += _times(a)
+        got[1] += _times(b)
+    assert _spaced(got[0] + got[1], 0.01)  # 100 calls/s cluster-wide
+    for mine in got.values():
+        assert 10 <= len(mine) <= 16  # a half of 0.3 s of slots each (and a little more)
+        assert _spaced(mine, 0.02)  # every other point of the lattice
+        t = sorted(mine)
+        assert max(b - a for a, b in pairwise(t)) < 0.03  # no stretch out
+
+
+async def test_a_new_lattice_starts_after_every_slot_handed_out(scripts: Scripts) -> None:
+    """A worker joins (2 lanes -> 3), leaves (-> 1), the back-off halves the rate: no slot
+    of the new lattice lands closer than the interval to one handed out before it."""
+    seen: list[float] = []
+    for lanes in (2, 3, 1, 2):
+        gs = await scripts.permits([_lane(100, j, lanes) for j in range(lanes)])
+        seen += [t for g in gs for t in _times(g)]
+        assert _spaced(seen, 0.01), lanes
+    await scripts.throttle("BANK000001", factor=0.5, floor=0.1, hold=30, gap=1.0,
+                           recovery=60)
+    gs = await scripts.permits([_lane(100, j, 2, horizon=1.0) for j in range(2)])
+    new = [t for g in gs for t in _times(g)]
+    assert new and gs[0].factor == 0.5 and _spaced(new, 0.02)  # 50 calls/s now
+    assert min(new) >= max(seen) + 0.01 - 1e-6
+
+
+async def test_a_lane_past_the_count_shares_one_and_stays_exact(scripts: Scripts) -> None:
+    """Two workers that see the registry differently for a beat (one thinks it is lane 2
+    of 2): they share a lane, never a slot."""
+    a, b = await scripts.permits([_lane(100, 0, 2), _lane(100, 2, 2)])
+    assert _spaced(_times(a) + _times(b), 0.02)
