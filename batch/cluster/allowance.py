@@ -49,7 +49,10 @@ class SharedAllowance:
         self._pending = 0
         self._minute: int | None = None  # the minute of the last grant asked for
         self._local: dict[int, int] = {}  # minute -> granted locally (without Redis)
+        #: the refund round trip in flight (at most one), and the starts it has still to send
         self._refunds: set[asyncio.Task[None]] = set()
+        self._owed = 0
+        self._sending = False
         self.granted = 0
         self.local_granted = 0
 
@@ -80,19 +83,33 @@ class SharedAllowance:
         return g
 
     def refund(self, n: int) -> None:
-        """Starts that never reached the provider: back to the day's quota."""
+        """Starts that never reached the provider: back to the day's quota. One round trip
+        at a time per provider, carrying all given back meanwhile: a task per refund was a
+        Redis connection each, and a slice's refused calls (over a hundred at once when a
+        binding rate leaves a worker's waiters without permits) emptied the client's pool
+        (redis-py's 100 connections): MaxConnectionsError, taken for Redis lost, and the
+        worker ran on its local share beside the others' shared permits, above the rate."""
         if n <= 0 or not self._link.shared:
             return
-        task = asyncio.get_running_loop().create_task(self._refund(n))
+        self._owed += n
+        if self._sending:  # the round trip in flight sends this too when it is back
+            return
+        self._sending = True
+        task = asyncio.get_running_loop().create_task(self._refund())
         self._refunds.add(task)
         task.add_done_callback(self._refunds.discard)
 
-    async def _refund(self, n: int) -> None:
+    async def _refund(self) -> None:
         try:
-            await self._scripts.refund(self.org_code, day=self.day, n=n, member=self._member,
-                                       minute=self._minute)
+            while self._owed > 0 and self._link.shared:
+                n, self._owed = self._owed, 0
+                await self._scripts.refund(self.org_code, day=self.day, n=n,
+                                           member=self._member, minute=self._minute)
         except Exception as exc:
             self._link.lost(exc)
+        finally:
+            self._sending = False
+            self._owed = 0  # Redis lost: no day to give back to (the local share is kept)
 
     async def left(self) -> int | None:
         """The day's starts still to grant, cluster-wide (None without Redis): each worker

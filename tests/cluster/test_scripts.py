@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from itertools import pairwise
@@ -9,6 +10,7 @@ from itertools import pairwise
 import pytest
 from redis.asyncio import Redis
 
+from batch.cluster.allowance import SharedAllowance
 from batch.cluster.scripts import Granted, Keys, RateAsk, Scripts
 
 
@@ -163,3 +165,39 @@ async def test_a_lane_past_the_count_shares_one_and_stays_exact(scripts: Scripts
     of 2): they share a lane, never a slot."""
     a, b = await scripts.permits([_lane(100, 0, 2), _lane(100, 2, 2)])
     assert _spaced(_times(a) + _times(b), 0.02)
+
+
+class _Link:
+    """The session's side of an allowance: Redis shared until a round trip fails."""
+
+    def __init__(self) -> None:
+        self.shared = True
+        self.errors: list[BaseException] = []
+
+    def live(self) -> int:
+        return 2
+
+    def lost(self, exc: BaseException) -> None:
+        self.errors.append(exc)
+        self.shared = False
+
+
+async def test_a_slices_refused_calls_give_their_starts_back_without_emptying_the_pool(
+        scripts: Scripts) -> None:
+    """A binding rate: a worker's waiters without permits are refused together, each start
+    given back (NotAttempted). A round trip each was a connection each: past the client's
+    pool (redis-py's 100) MaxConnectionsError, taken for Redis lost, and the worker ran on
+    its local share beside the others' shared permits (2 workers at 100/s: 136/s)."""
+    day = "2026-11-30"
+    assert await scripts.grant("BANK000001", day=day, minute=60, want=300, due=300,
+                               quota=1000, seed=0) == 300
+    link = _Link()
+    a = SharedAllowance("BANK000001", scripts=scripts, link=link, day=day, quota=1000,
+                        seed=0)
+    await a.take(60, 300, 0, 0)  # the minute the starts were granted in
+    for _ in range(300):
+        a.refund(1)
+    while a._refunds:
+        await asyncio.gather(*a._refunds)
+    assert link.errors == [] and link.shared
+    assert await scripts.day_used("BANK000001", day=day, seed=0) == 0  # all 300 back
