@@ -73,6 +73,8 @@ class SharedAllowance:
                                               seed=self._seed, member=self._member)
             except Exception as exc:
                 self._link.lost(exc)
+                if self._link.shared:  # not lost (our own pool was full): none this slice
+                    g = 0
         if g < 0:  # no Redis: our share of the minute's target
             used = self._local.get(minute, 0)
             g = max(0, min(want, math.ceil(due / live) - used))

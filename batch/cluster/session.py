@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
+from redis import exceptions as redis_exceptions
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -121,6 +122,8 @@ class ClusterSession:
         # for the summary
         self.fallbacks = 0
         self.fallback_seconds = 0.0
+        self.pool_full = 0  # round trips refused by our own full connection pool
+        self._pool_full_logged = float("-inf")
         self.reaped = 0
         self.taken_back = 0
         self.last_error = ""
@@ -136,7 +139,21 @@ class ClusterSession:
         return self._shared
 
     def lost(self, exc: BaseException) -> None:
-        """Redis failed a round trip: every limiter falls back to its share, loudly."""
+        """Redis failed a round trip: every limiter falls back to its share, loudly.
+
+        Not when this worker's own connection pool is full: Redis is there for the other
+        workers, who keep the shared rate, so a local share beside them would add up to
+        more than the provider's limit. That round trip's permits are simply not had
+        (calls wait for the next refill or stay due), and it is counted."""
+        if _pool_full(exc):
+            self.pool_full += 1
+            now = self._clock.monotonic()
+            if now - self._pool_full_logged >= 10.0:
+                self._pool_full_logged = now
+                log.warning("Redis connection pool full: a round trip skipped, the shared "
+                            "limit kept", extra={"action": "redis_pool_full",
+                                                 "count": self.pool_full})
+            return
         if not self._shared:
             return
         self._shared = False
@@ -279,6 +296,7 @@ class ClusterSession:
             "shared_limit": "shared" if self._shared else "local (Redis lost)",
             "redis_fallbacks": self.fallbacks,
             "redis_fallback_seconds": round(self.fallback_seconds, 1),
+            "redis_pool_full": self.pool_full,
             "permit_refusals": sum(s.refused for s in self._stocks.values()),
             "permit_waits": sum(s.waited for s in self._stocks.values()),
             "late_slots": sum(c.limiter.late_slots for c in self._chains.values()),
@@ -382,3 +400,12 @@ class ClusterSession:
         server.sample(sent, self._clock.monotonic(), got[0].server_now)
         for ask, g in zip(asks, got, strict=True):
             self._stocks[ask.org_code].add(g.offsets, server.to_local(g.server_now), g.factor)
+
+
+def _pool_full(exc: BaseException) -> bool:
+    """redis-py's "Too many connections": this client's pool is full (MaxConnectionsError
+    from redis-py 6; a plain ConnectionError with that message before)."""
+    full = getattr(redis_exceptions, "MaxConnectionsError", None)
+    if full is not None and isinstance(exc, full):
+        return True
+    return isinstance(exc, redis_exceptions.ConnectionError) and str(exc) == "Too many connections"

@@ -9,6 +9,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MaxConnectionsError
 
 from batch.clock import KST, FakeClock
 from batch.cluster.allowance import SharedAllowance
@@ -215,6 +217,29 @@ def test_redis_lost_each_limiter_runs_alone_at_its_rate_over_the_live_workers(
     rep = s.report()
     assert rep["redis_fallbacks"] == 1 and rep["redis_fallback_seconds"] == 7.0
     assert rep["shared_limit"] == "shared"
+
+
+@pytest.mark.parametrize("full", [
+    MaxConnectionsError("Too many connections"),  # redis-py 6 and later
+    RedisConnectionError("Too many connections"),  # before it
+])
+def test_our_own_full_connection_pool_is_not_redis_lost(
+        full: Exception, caplog: pytest.LogCaptureFixture) -> None:
+    """The other workers still have Redis and its shared rate: this one going local beside
+    them would send its share on top of the whole rate (a 2-worker bench saw 136/s at 100/s
+    when a burst of refunds filled the pool)."""
+    clock = FakeClock(datetime(2026, 11, 30, tzinfo=UTC))
+    s, bank, _card = _session(clock)
+    s._live = 2
+    s.lost(full)
+    s.lost(full)
+    assert s.shared and bank.limiter.shared is s._stocks["BANK000001"]
+    assert bank.limiter.base_rate == pytest.approx(30.0)
+    rep = s.report()
+    assert rep["redis_fallbacks"] == 0 and rep["redis_pool_full"] == 2
+    assert [r.__dict__.get("action") for r in caplog.records].count("redis_pool_full") == 1
+    s.lost(RedisConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."))
+    assert not s.shared and s.fallbacks == 1  # Redis itself gone: the local share
 
 
 def _nodes(n: int, first: int = 1) -> list[SimpleNamespace]:

@@ -201,3 +201,35 @@ async def test_a_slices_refused_calls_give_their_starts_back_without_emptying_th
         await asyncio.gather(*a._refunds)
     assert link.errors == [] and link.shared
     assert await scripts.day_used("BANK000001", day=day, seed=0) == 0  # all 300 back
+
+
+class _FailingGrants:
+    """Scripts whose grant round trip fails (a full pool, or Redis gone)."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    async def grant(self, *_: object, **__: object) -> int:
+        raise self.exc
+
+
+class _PoolFullLink(_Link):
+    """The session's view when its own pool was full: Redis is not lost."""
+
+    def lost(self, exc: BaseException) -> None:
+        self.errors.append(exc)
+
+
+async def test_a_grant_that_fails_while_redis_is_still_shared_grants_nothing_locally() -> None:
+    """Only a lost Redis makes a worker start its share of the minute on its own: a round
+    trip that failed on this worker's full pool leaves the minute to the cluster's count
+    (nothing this slice, the starts still pending for the next)."""
+    full = _PoolFullLink()
+    a = SharedAllowance("BANK000001", scripts=_FailingGrants(  # type: ignore[arg-type]
+        ConnectionError("Too many connections")), link=full, day="2026-11-30", quota=100,
+        seed=0)
+    assert await a.take(60, 10, 10, 10) == 0 and a.local_granted == 0
+    lost = _Link()
+    b = SharedAllowance("BANK000001", scripts=_FailingGrants(  # type: ignore[arg-type]
+        ConnectionError("refused")), link=lost, day="2026-11-30", quota=100, seed=0)
+    assert await b.take(60, 10, 10, 10) == 5 and b.local_granted == 5  # its half of 10
