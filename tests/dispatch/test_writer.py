@@ -10,6 +10,7 @@ from typing import Any
 from batch.clock import KST, FakeClock
 from batch.dispatch.writer import OutcomeWriter
 from batch.lifecycle import Change, NotAttempted, Refreshed
+from tests.resilience.fakes import drive, drive_all
 
 DAY = date(2026, 11, 30)
 ORG = "BANK000001"
@@ -48,21 +49,21 @@ async def _stream(clock: FakeClock, writer: OutcomeWriter, *, per_second: int,
     return n
 
 
+def _writer(seconds: float) -> tuple[FakeClock, _SlowStore, OutcomeWriter]:
+    """A writer flushing every 0.5 s into a store whose writes take ``seconds``."""
+    clock = FakeClock()
+    store = _SlowStore(clock, seconds=seconds)
+    writer = OutcomeWriter(store, run_id="r", worker="w", day=DAY, clock=clock,  # type: ignore[arg-type]
+                           interval=0.5)
+    return clock, store, writer
+
+
 def test_a_steady_stream_is_written_once_an_interval_not_once_a_round_trip() -> None:
     async def main() -> tuple[list[list[int]], int]:
-        clock = FakeClock()
-        store = _SlowStore(clock, seconds=0.04)
-        writer = OutcomeWriter(store, run_id="r", worker="w", day=DAY, clock=clock,  # type: ignore[arg-type]
-                               interval=0.5)
+        clock, store, writer = _writer(0.04)
         task = writer.start()
-        adding = asyncio.ensure_future(_stream(clock, writer, per_second=1000, seconds=10))
-        while not adding.done():
-            await clock.run_for(0.01)
-        n = adding.result()
-        closing = asyncio.ensure_future(writer.close())
-        while not closing.done():
-            await clock.run_for(0.01)
-        assert closing.result()
+        n = await drive(clock, _stream(clock, writer, per_second=1000, seconds=10))
+        assert await drive(clock, writer.close())
         await task
         return store.writes, n
 
@@ -78,22 +79,16 @@ def test_a_steady_stream_is_written_once_an_interval_not_once_a_round_trip() -> 
 
 def test_close_drains_what_arrives_while_it_writes() -> None:
     async def main() -> tuple[list[list[int]], int]:
-        clock = FakeClock()
-        store = _SlowStore(clock, seconds=0.04)
-        writer = OutcomeWriter(store, run_id="r", worker="w", day=DAY, clock=clock,  # type: ignore[arg-type]
-                               interval=0.5)
+        clock, store, writer = _writer(0.04)
         for i in range(1, 4):
             writer.add(_change(i))
 
-        async def late() -> None:  # a refresh that finishes during the first write
+        async def late() -> bool:  # a refresh that finishes during the first write
             await clock.sleep(0.02)
             writer.add(_change(4))
+            return True
 
-        adding = asyncio.ensure_future(late())
-        closing = asyncio.ensure_future(writer.close())
-        while not closing.done():
-            await clock.run_for(0.01)
-        assert closing.result() and adding.done()
+        assert await drive_all(clock, [late(), writer.close()]) == [True, True]
         return store.writes, writer.pending
 
     writes, pending = asyncio.run(main())
@@ -102,22 +97,15 @@ def test_close_drains_what_arrives_while_it_writes() -> None:
 
 def test_a_failed_write_keeps_the_batch_and_the_next_one_writes_it() -> None:
     async def main() -> tuple[list[list[int]], bool, bool]:
-        clock = FakeClock()
-        store = _SlowStore(clock, seconds=0.01)
-        writer = OutcomeWriter(store, run_id="r", worker="w", day=DAY, clock=clock,  # type: ignore[arg-type]
-                               interval=0.5)
+        clock, store, writer = _writer(0.01)
         for i in range(1, 6):
             writer.add(_change(i))
         store.fail = True
-        first = asyncio.ensure_future(writer.flush())
-        while not first.done():
-            await clock.run_for(0.01)
+        first = await drive(clock, writer.flush())
         healthy_after_failure = writer.healthy
         store.fail = False
-        second = asyncio.ensure_future(writer.flush())
-        while not second.done():
-            await clock.run_for(0.01)
-        return store.writes, first.result() or healthy_after_failure, second.result()
+        second = await drive(clock, writer.flush())
+        return store.writes, first or healthy_after_failure, second
 
     writes, first_ok, second_ok = asyncio.run(main())
     assert not first_ok and second_ok
