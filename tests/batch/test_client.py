@@ -102,6 +102,34 @@ async def test_a_refresh_walks_pages_in_order_then_details_with_every_header() -
     assert all("cookie" not in r.headers for r in seen)
 
 
+async def test_request_urls_parsed_once_are_the_urls_httpx_would_build() -> None:
+    """Two consents, two pages each: each request's URL is what httpx makes of the string
+    and the params, and the first page and the detail calls share one parsed URL."""
+    handler, seen = fleet(items=3)
+    c, http = client(handler, page_limit=2)
+    for token in ("tok-a", "tok-b"):
+        await c.refresh(access_token=token, refresh_token=None)
+    await http.aclose()
+    base, org = "http://127.0.0.1:9", "BANK000001"
+    page1 = httpx.URL(f"{base}/v1/bank/accounts", params={
+        "org_code": org, "search_timestamp": 0, "limit": 2})
+    page2 = httpx.URL(f"{base}/v1/bank/accounts", params={
+        "org_code": org, "search_timestamp": 0, "limit": 2, "next_page": "2"})
+    detail = httpx.URL(f"{base}/v1/bank/accounts/deposit/basic")
+    assert [str(r.url) for r in seen] == [str(u) for u in (page1, page2, detail, detail,
+                                                           detail)] * 2
+    assert seen[0].url == page1 and seen[0].url.params["limit"] == "2"
+    assert sorted(map(str, c._urls.values())) == sorted(map(str, (page1, page2, detail)))
+
+
+def test_the_parsed_url_cache_stays_small_when_paths_churn() -> None:
+    c, _ = client(fleet()[0])
+    for i in range(1000):
+        assert c._url(f"/v1/card/cards/{i}/bills", {"org_code": "BANK000001"}).path == \
+            f"/v1/card/cards/{i}/bills"
+    assert 0 < len(c._urls) <= 256
+
+
 async def test_an_expired_token_is_refreshed_once_and_the_call_retried_once() -> None:
     handler, seen = fleet(items=1, expired=frozenset({"tok-OLD-123"}))
     c, http = client(handler)
