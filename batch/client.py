@@ -227,7 +227,7 @@ class MydataClient:
         code = data.get("rsp_code") if isinstance(data, dict) else None
         return classify(answer.status_code, code if isinstance(code, str) else None,
                         retry_after=_retry_after(answer.headers.get("retry-after")),
-                        payload=data, elapsed=elapsed).with_(tran_id=tran_id)
+                        payload=data, elapsed=elapsed, tran_id=tran_id)
 
     def _request(self, method: str, path: str, token: str, tran_id: str, timeout: float,
                  **content: Any) -> httpx.Request:

@@ -134,34 +134,37 @@ class Outcome:
 
 
 def classify(http_status: int, rsp_code: str | None, *, retry_after: float | None = None,
-             payload: Any = None, elapsed: float = 0.0) -> Outcome:
-    """Classify one HTTP answer from a provider per MYDATA.md's response-code table."""
+             payload: Any = None, elapsed: float = 0.0, tran_id: str | None = None) -> Outcome:
+    """Classify one HTTP answer from a provider per MYDATA.md's response-code table
+    (``tran_id``: the call's, carried on the outcome)."""
     code = rsp_code
     if code in SUCCESS_CODES and http_status == 200:
-        return Outcome(Kind.SUCCESS, code, http_status, payload=payload, elapsed=elapsed)
+        return Outcome(Kind.SUCCESS, code, http_status, payload=payload, elapsed=elapsed,
+                       tran_id=tran_id)
     if code in RETRYABLE_CODES:
-        return Outcome(Kind.FAULT, code, http_status, retryable=True, elapsed=elapsed)
+        return Outcome(Kind.FAULT, code, http_status, retryable=True, elapsed=elapsed,
+                       tran_id=tran_id)
     if code in UNKNOWN_CODES:
         return Outcome(Kind.TIMEOUT, code, http_status, detail="processing time exceeded",
-                       elapsed=elapsed)
+                       elapsed=elapsed, tran_id=tran_id)
     if code in THROTTLE_CODES:
         return Outcome(Kind.THROTTLED, code, http_status, retry_after=retry_after,
-                       elapsed=elapsed)
+                       elapsed=elapsed, tran_id=tran_id)
     if code in DEAD_ASSET_CODES or code in ALREADY_DONE_CODES or code in TOKEN_CODES:
-        return Outcome(Kind.CONSENT, code, http_status, elapsed=elapsed)
+        return Outcome(Kind.CONSENT, code, http_status, elapsed=elapsed, tran_id=tran_id)
     if code in CLIENT_CODES:
-        return Outcome(Kind.CLIENT, code, http_status, elapsed=elapsed)
+        return Outcome(Kind.CLIENT, code, http_status, elapsed=elapsed, tran_id=tran_id)
     # No (known) rsp_code: fall back on the HTTP status.
     if http_status >= 500:
         return Outcome(Kind.FAULT, code, http_status, retryable=code is None, elapsed=elapsed,
-                       detail="HTTP 5xx")
+                       detail="HTTP 5xx", tran_id=tran_id)
     if http_status == 429:
         return Outcome(Kind.THROTTLED, code, http_status, retry_after=retry_after,
-                       elapsed=elapsed)
+                       elapsed=elapsed, tran_id=tran_id)
     if http_status == 401:
-        return Outcome(Kind.CONSENT, "40101", http_status, elapsed=elapsed)
+        return Outcome(Kind.CONSENT, "40101", http_status, elapsed=elapsed, tran_id=tran_id)
     return Outcome(Kind.CLIENT, code, http_status, detail=f"HTTP {http_status}",
-                   elapsed=elapsed)
+                   elapsed=elapsed, tran_id=tran_id)
 
 
 def connection_error(detail: str, *, elapsed: float = 0.0) -> Outcome:
