@@ -21,7 +21,7 @@ import signal
 import socket
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TextIO
@@ -337,6 +337,23 @@ def _freeze_heap() -> tuple[int, ...] | None:
     return old
 
 
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """The collector as the dispatcher runs under it (:func:`_freeze_heap`) for a block,
+    thawed after: the benchmarks time the producer's claims this way."""
+    old = _freeze_heap()
+    try:
+        yield
+    finally:
+        if old is not None:
+            _thaw_heap(old)
+
+
+def _thaw_heap(old: tuple[int, ...]) -> None:
+    gc.unfreeze()
+    gc.set_threshold(*old)
+
+
 def _in_flight_cap(chain: ProviderChain) -> Callable[[], int]:
     """Refreshes one provider may have under way: its bulkhead's limit (which cluster mode
     sets to this worker's share of the provider's concurrency) times IN_FLIGHT_PER_SLOT."""
@@ -390,8 +407,7 @@ async def execute(pieces: Pieces, options: RunOptions, *, clock: Clock, day: dat
                                for d in pieces.dispatchers))
     finally:
         if frozen is not None:
-            gc.unfreeze()
-            gc.set_threshold(*frozen)
+            _thaw_heap(frozen)
         if progress_task is not None:
             await cancel_and_wait([progress_task])
         persisted = await writer.close()

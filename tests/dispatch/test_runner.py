@@ -371,3 +371,6 @@ def test_the_heap_made_before_dispatching_is_frozen_and_thawed_after() -> None:
         assert runner._freeze_heap() is None  # the embedding program manages the collector
     finally:
         gc.enable()
+    with runner.frozen_heap():
+        assert gc.get_freeze_count() > 0 and gc.get_threshold()[0] >= runner.GC_YOUNG
+    assert (gc.get_freeze_count(), gc.get_threshold()) == (0, before)
