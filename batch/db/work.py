@@ -126,6 +126,10 @@ _PICK_PARAMS = (
 
 #: Lease what ``picked`` holds: counters and resume point of another week read as none, an
 #: unknown outcome counted when the previous holder had started calling (both claim forms).
+#: The rows are found again by their physical address (``ctid``), which the row lock taken
+#: in ``picked`` keeps: no second walk down the primary key for each (1 ms of a 700-row
+#: claim). A row updated by another transaction between its lock and this (it cannot be)
+#: would only be left out of this claim.
 _LEASE_PICKED = """
     UPDATE consents AS c
     SET lease_owner = :worker, lease_until = :until, started_at = NULL, counters_week = :wk,
@@ -134,7 +138,7 @@ _LEASE_PICKED = """
             + CASE WHEN picked.stale THEN 1 ELSE 0 END,
         pending_items = CASE WHEN c.counters_week = :wk THEN c.pending_items END
     FROM picked
-    WHERE c.id = picked.id
+    WHERE c.ctid = picked.tid
 """
 
 # A claim starts the consent's week afresh if its counters belong to another week, and
@@ -142,7 +146,8 @@ _LEASE_PICKED = """
 _PG_CLAIM = text(
     f"""
     WITH picked AS (
-        SELECT id, (lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale {_DUE}
+        SELECT ctid AS tid, (lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale
+        {_DUE}
         FOR UPDATE SKIP LOCKED
     )
     {_LEASE_PICKED}
@@ -163,6 +168,10 @@ _SQLITE_PICK = text(
     "SELECT json_group_array(json_array(id, stale)) FROM (SELECT id, "
     f"(lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale {_DUE})"
 ).bindparams(*_PICK_PARAMS)
+# The pick runs before the driver opens the transaction (pysqlite opens one at the first
+# write), so another process on the same file may lease a picked row in between: the lease
+# checks again that each row is still free and due, and the read returns only what this
+# lease took (two workers side by side: tests/db/test_claims_together.py).
 _SQLITE_LEASE = text("""
     UPDATE consents
     SET lease_owner = :worker, lease_until = :until, started_at = NULL, counters_week = :wk,
@@ -171,15 +180,18 @@ _SQLITE_LEASE = text("""
             + CASE WHEN id IN (SELECT value FROM json_each(:stale)) THEN 1 ELSE 0 END,
         pending_items = CASE WHEN counters_week = :wk THEN pending_items END
     WHERE id IN (SELECT value FROM json_each(:ids))
+      AND status = 'active' AND due_week <= :wk AND not_before <= :now
+      AND (lease_until IS NULL OR lease_until < :now)
 """).bindparams(bindparam("wk", type_=Date), bindparam("until", type_=UTCDateTime),
-                bindparam("worker", type_=String))
+                bindparam("now", type_=UTCDateTime), bindparam("worker", type_=String))
 _SQLITE_READ = text("""
     SELECT json_group_array(json_array(
         id, user_id, due_week, attempts, unknown_attempts, access_token, refresh_token,
         pending_items, json((SELECT json_group_array(item_id) FROM dead_assets
                              WHERE consent_id = consents.id))))
     FROM consents WHERE id IN (SELECT value FROM json_each(:ids))
-""")
+      AND lease_owner = :worker AND lease_until = :until
+""").bindparams(bindparam("until", type_=UTCDateTime), bindparam("worker", type_=String))
 
 
 class _ClaimRow(NamedTuple):
@@ -258,8 +270,8 @@ _PG_CLAIM_MANY = text(
                              CAST(:cur_ids AS bigint[]), CAST(:ns AS integer[]))
             AS r(org, cur_week, cur_id, n)
     ), picked AS (
-        SELECT p.id, p.stale FROM req CROSS JOIN LATERAL (
-            SELECT id, (lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale
+        SELECT p.tid, p.stale FROM req CROSS JOIN LATERAL (
+            SELECT ctid AS tid, (lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale
             FROM consents
             WHERE org_code = req.org AND status = 'active' AND due_week <= :wk
               AND (due_week, id) > (req.cur_week, req.cur_id)
@@ -349,10 +361,12 @@ async def _sqlite_claim(conn: AsyncConnection, requests: Sequence[ClaimRequest],
     ids = json.dumps(list(org_of))
     await conn.execute(_SQLITE_LEASE, {
         "worker": common["worker"], "until": common["until"], "wk": common["wk"],
-        "stale": json.dumps(sorted(stale)), "ids": ids})
+        "now": common["now"], "stale": json.dumps(sorted(stale)), "ids": ids})
     rows: dict[str, list[_ClaimRow]] = defaultdict(list)
     for cid, user, wk, att, unk, acc, ref, pend, items in json.loads(
-            (await conn.execute(_SQLITE_READ, {"ids": ids})).scalar_one()):
+            (await conn.execute(_SQLITE_READ, {
+                "ids": ids, "worker": common["worker"], "until": common["until"]})
+             ).scalar_one()):
         rows[org_of[cid]].append(
             _ClaimRow(cid, user, wk, att, unk, cid in stale, acc, ref, pend, items))
     return {org: _claims_of(got, org) for org, got in rows.items()}

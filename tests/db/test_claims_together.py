@@ -121,3 +121,45 @@ async def test_a_claim_cancelled_while_its_turn_runs_gives_its_consents_back(
         leased = (await conn.execute(select(schema.consents.c.org_code).where(
             schema.consents.c.lease_owner == "w1"))).scalars().all()
     assert [o.strip() for o in leased] == [ORGS[0]] * 2
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["claim", "claim_many"])
+async def test_two_workers_claiming_side_by_side_never_lease_a_consent_twice(
+        engine: AsyncEngine, db_url: str, together: bool) -> None:
+    """Two workers (two engines, two connection pools) claim the same providers at the
+    same moments, each walking its own keyset cursor: every consent is leased exactly
+    once, and between them they lease every one."""
+    from batch.db.engine import make_engine
+
+    await _seed(engine, 300)
+    other = make_engine(db_url)
+    leased: dict[str, list[int]] = {"w1": [], "w2": []}
+
+    async def walk(eng: AsyncEngine, worker: str) -> None:
+        cursors = dict.fromkeys(ORGS, work.START)
+        for _ in range(100):  # until nothing is left for this worker
+            if together:
+                got = await work.claim_many(eng, [
+                    work.ClaimRequest(org, 7, cursors[org]) for org in ORGS],
+                    worker=worker, week=WEEK, now=NOW)
+            else:
+                got = [await work.claim(eng, org, worker=worker, week=WEEK, now=NOW, limit=7,
+                                        after=cursors[org]) for org in ORGS]
+            for org, claims in zip(ORGS, got, strict=True):
+                leased[worker] += [c.id for c in claims]
+                if claims:
+                    cursors[org] = claims[-1].cursor
+            if not any(got):
+                return
+            await asyncio.sleep(0)
+
+    try:
+        await asyncio.gather(walk(engine, "w1"), walk(other, "w2"))
+    finally:
+        await other.dispose()
+    both = leased["w1"] + leased["w2"]
+    assert len(both) == len(set(both)) == 300, (len(both), len(set(both)))
+    async with engine.connect() as conn:
+        owners = dict((await conn.execute(
+            select(schema.consents.c.id, schema.consents.c.lease_owner))).all())
+    assert all(owners[i] == w for w, ids in leased.items() for i in ids)
