@@ -104,8 +104,12 @@ def _institutions_toml(ports: list[int]) -> str:
             'windows = ["0100:0700"]',
             # no limiter, no cap from the provider's rate: the plan alone sets the pace
             "calls_per_second = 1000000",
-            # 4 x 50 = the run's 200 HTTP connections: the bulkhead queues, the pool never
-            "max_concurrency = 50",
+            # A provider starts at most its bulkhead's limit in one 100 ms slice (the
+            # dispatcher's in-flight cap), so 50 capped the saturated run at 4 x 50 x 10 x 2
+            # = 4,000 calls/s: on a faster machine that, not the CPU, was the full path's
+            # figure. 100: a cap of 8,000, above what the loop can do; the run's 200 HTTP
+            # connections queue the excess, as (a3) at concurrency 200 does.
+            "max_concurrency = 100",
             "read_timeout = 60",
             "call_deadline = 600",
             "[providers.bulkhead]",
