@@ -108,13 +108,18 @@ class Claim:
         return (self.due_week, self.id)
 
 
+#: A consent a claim may lease now: active, due this week or before, not waiting, and not
+#: leased (or its lease expired). Every claim form picks by it; SQLite's lease checks it again.
+_CLAIMABLE = """status = 'active' AND due_week <= :wk AND not_before <= :now
+      AND (lease_until IS NULL OR lease_until < :now)"""
+#: A claimable consent's previous holder had started calling it (an unknown outcome).
+_STALE = "(lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale"
+
 #: Due, unleased (or lease expired) consents of one provider after the keyset cursor.
-_DUE = """
+_DUE = f"""
     FROM consents
-    WHERE org_code = :org AND status = 'active' AND due_week <= :wk
+    WHERE org_code = :org AND {_CLAIMABLE}
       AND (due_week, id) > (:cur_week, :cur_id)
-      AND not_before <= :now
-      AND (lease_until IS NULL OR lease_until < :now)
     ORDER BY due_week, id
     LIMIT :n
 """
@@ -146,8 +151,7 @@ _LEASE_PICKED = """
 _PG_CLAIM = text(
     f"""
     WITH picked AS (
-        SELECT ctid AS tid, (lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale
-        {_DUE}
+        SELECT ctid AS tid, {_STALE} {_DUE}
         FOR UPDATE SKIP LOCKED
     )
     {_LEASE_PICKED}
@@ -165,23 +169,20 @@ _PG_CLAIM = text(
 # busy event loop waits up to the switch interval (5 ms) each time: a 700-row claim took
 # 60 s against a busy loop when read row by row (batch/db/bulk.py says more).
 _SQLITE_PICK = text(
-    "SELECT json_group_array(json_array(id, stale)) FROM (SELECT id, "
-    f"(lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale {_DUE})"
+    f"SELECT json_group_array(json_array(id, stale)) FROM (SELECT id, {_STALE} {_DUE})"
 ).bindparams(*_PICK_PARAMS)
 # The pick runs before the driver opens the transaction (pysqlite opens one at the first
 # write), so another process on the same file may lease a picked row in between: the lease
 # checks again that each row is still free and due, and the read returns only what this
 # lease took (two workers side by side: tests/db/test_claims_together.py).
-_SQLITE_LEASE = text("""
+_SQLITE_LEASE = text(f"""
     UPDATE consents
     SET lease_owner = :worker, lease_until = :until, started_at = NULL, counters_week = :wk,
         attempts = CASE WHEN counters_week = :wk THEN attempts ELSE 0 END,
         unknown_attempts = CASE WHEN counters_week = :wk THEN unknown_attempts ELSE 0 END
             + CASE WHEN id IN (SELECT value FROM json_each(:stale)) THEN 1 ELSE 0 END,
         pending_items = CASE WHEN counters_week = :wk THEN pending_items END
-    WHERE id IN (SELECT value FROM json_each(:ids))
-      AND status = 'active' AND due_week <= :wk AND not_before <= :now
-      AND (lease_until IS NULL OR lease_until < :now)
+    WHERE id IN (SELECT value FROM json_each(:ids)) AND {_CLAIMABLE}
 """).bindparams(bindparam("wk", type_=Date), bindparam("until", type_=UTCDateTime),
                 bindparam("now", type_=UTCDateTime), bindparam("worker", type_=String))
 _SQLITE_READ = text("""
@@ -271,12 +272,10 @@ _PG_CLAIM_MANY = text(
             AS r(org, cur_week, cur_id, n)
     ), picked AS (
         SELECT p.tid, p.stale FROM req CROSS JOIN LATERAL (
-            SELECT ctid AS tid, (lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale
+            SELECT ctid AS tid, {_STALE}
             FROM consents
-            WHERE org_code = req.org AND status = 'active' AND due_week <= :wk
+            WHERE org_code = req.org AND {_CLAIMABLE}
               AND (due_week, id) > (req.cur_week, req.cur_id)
-              AND not_before <= :now
-              AND (lease_until IS NULL OR lease_until < :now)
             ORDER BY due_week, id
             LIMIT req.n
             FOR UPDATE SKIP LOCKED

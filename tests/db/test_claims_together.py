@@ -11,6 +11,7 @@ from sqlalchemy import event, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.db import schema, work
+from batch.db.engine import make_engine
 from tests.sealing import CIPHER, seal
 
 NOW = datetime(2026, 11, 30, 1, 0, tzinfo=UTC)
@@ -129,8 +130,6 @@ async def test_two_workers_claiming_side_by_side_never_lease_a_consent_twice(
     """Two workers (two engines, two connection pools) claim the same providers at the
     same moments, each walking its own keyset cursor: every consent is leased exactly
     once, and between them they lease every one."""
-    from batch.db.engine import make_engine
-
     await _seed(engine, 300)
     other = make_engine(db_url)
     leased: dict[str, list[int]] = {"w1": [], "w2": []}
