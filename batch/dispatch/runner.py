@@ -340,18 +340,14 @@ def _freeze_heap() -> tuple[int, ...] | None:
 @contextlib.contextmanager
 def frozen_heap() -> Iterator[None]:
     """The collector as the dispatcher runs under it (:func:`_freeze_heap`) for a block,
-    thawed after: the benchmarks time the producer's claims this way."""
+    thawed after (the day's dispatching; the benchmarks time the producer's claims so)."""
     old = _freeze_heap()
     try:
         yield
     finally:
         if old is not None:
-            _thaw_heap(old)
-
-
-def _thaw_heap(old: tuple[int, ...]) -> None:
-    gc.unfreeze()
-    gc.set_threshold(*old)
+            gc.unfreeze()
+            gc.set_threshold(*old)
 
 
 def _in_flight_cap(chain: ProviderChain) -> Callable[[], int]:
@@ -399,15 +395,13 @@ async def execute(pieces: Pieces, options: RunOptions, *, clock: Clock, day: dat
     if options.cluster is not None:  # cluster mode: heartbeat, shared permits
         await options.cluster.start(pieces.node_id)
     t0 = clock.monotonic()
-    frozen = _freeze_heap()
     try:
-        if circuit is not None:  # cluster mode: the circuit's feed, view and coordinator
-            await circuit.start()
-        await asyncio.gather(*(d.run(stop, grace=options.grace_seconds)
-                               for d in pieces.dispatchers))
+        with frozen_heap():
+            if circuit is not None:  # cluster mode: the circuit's feed, view and coordinator
+                await circuit.start()
+            await asyncio.gather(*(d.run(stop, grace=options.grace_seconds)
+                                   for d in pieces.dispatchers))
     finally:
-        if frozen is not None:
-            _thaw_heap(frozen)
         if progress_task is not None:
             await cancel_and_wait([progress_task])
         persisted = await writer.close()
