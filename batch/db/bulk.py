@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import BigInteger, Boolean, Date, Float, Integer, SmallInteger, String, Text
@@ -242,6 +243,17 @@ Processor = Callable[[Any], Any] | None
 _sqlite_procs: dict[tuple[str, tuple[str, ...]], tuple[Processor, ...]] = {}
 
 
+def _sqlite_utc(value: datetime) -> str:
+    """An aware datetime as SQLAlchemy stores a UTCDateTime on SQLite (naive UTC text,
+    always with six digits of microseconds), in one pass of C calls: UTCDateTime's
+    processor then SQLite DATETIME's ``%`` formatting took 2.3 us a value, this 1.4 us,
+    and a flush formats three or four per refresh (tests/db/test_bulk.py pins that both
+    give the same text)."""
+    if value.tzinfo is None:
+        raise ValueError("naive datetime given to the database; use aware datetimes")
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+
+
 def _sqlite_processors(dialect: Dialect, table: Table,
                        cols: tuple[str, ...]) -> tuple[Processor, ...]:
     """Each column type's bind processor on this dialect: the stored form of a value
@@ -249,7 +261,8 @@ def _sqlite_processors(dialect: Dialect, table: Table,
     key = (table.name, cols)
     procs = _sqlite_procs.get(key)
     if procs is None:
-        procs = tuple(table.c[c].type.dialect_impl(dialect).bind_processor(dialect)
+        procs = tuple(_sqlite_utc if isinstance(table.c[c].type, UTCDateTime)
+                      else table.c[c].type.dialect_impl(dialect).bind_processor(dialect)
                       for c in cols)
         _sqlite_procs[key] = procs
     return procs
@@ -257,8 +270,13 @@ def _sqlite_processors(dialect: Dialect, table: Table,
 
 def _processed(values: dict[str, Any], cols: tuple[str, ...],
                procs: tuple[Processor, ...]) -> list[Any]:
-    return [v if p is None or v is None else p(v)
-            for v, p in zip((values[c] for c in cols), procs, strict=True)]
+    out = [values[c] for c in cols]
+    for k, p in enumerate(procs):
+        if p is not None:
+            v = out[k]
+            if v is not None:
+                out[k] = p(v)
+    return out
 
 
 def _json(rows: Sequence[Any]) -> str:

@@ -19,8 +19,13 @@ import asyncio
 import time
 from types import TracebackType
 
-#: seconds the loop sleeps per turn while a statement is in flight (a thread's wake-up)
-PAUSE = 50e-6
+#: seconds the loop sleeps per turn while a statement is in flight (a thread's wake-up).
+#: Linux rounds a sleep up by the timer slack (50 us): ``time.sleep(10e-6)`` took 85 us
+#: here, ``50e-6`` 135 us, and the driver's thread took the GIL as surely in both
+#: (tests/bench/test_sqlite_handoff.py: 700-row claim 85 ms, write 109 ms against the
+#: busy loop, vs 85-155 ms and 113-134 ms). A saturated run paused 21,000 times a minute:
+#: 1 s of the loop's time saved. ``os.sched_yield()`` instead starved the thread (16 s).
+PAUSE = 10e-6
 
 
 class GilHandoff:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta, timezone
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy import insert, select, text, update
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.clock import KST
@@ -108,3 +111,27 @@ async def test_outcome_rows_alike_or_not_are_all_written(engine: AsyncEngine, n:
         del r["id"]
         r["org_code"] = r["org_code"].strip()
     assert got == rows
+
+
+_ZONES = [UTC, KST, timezone(timedelta(hours=-9, minutes=-30))]
+
+
+@given(st.datetimes(min_value=datetime(1000, 1, 2), max_value=datetime(9999, 12, 30),
+                    timezones=st.sampled_from(_ZONES)))
+def test_the_sqlite_time_text_is_the_one_sqlalchemy_stores(value: datetime) -> None:
+    dialect = sqlite.dialect()
+    col = schema.consents.c.updated_at.type
+    theirs = col.dialect_impl(dialect).bind_processor(dialect)
+    procs = bulk._sqlite_processors(dialect, schema.consents, ("updated_at", "due_week"))
+    assert procs[0](value) == theirs(value)
+    day = value.date()
+    date_proc = schema.consents.c.due_week.type.dialect_impl(dialect).bind_processor(dialect)
+    assert bulk._processed({"updated_at": value, "due_week": day},
+                           ("updated_at", "due_week"), procs) == [theirs(value),
+                                                                  date_proc(day)]
+
+
+def test_the_sqlite_time_text_refuses_a_naive_time() -> None:
+    procs = bulk._sqlite_processors(sqlite.dialect(), schema.consents, ("updated_at",))
+    with pytest.raises(ValueError, match="naive"):
+        procs[0](datetime(2026, 11, 30, 1, 0))
