@@ -177,6 +177,18 @@ def _add_hist(family: HistogramMetricFamily, labels: list[str], h: Hist) -> None
     family.add_metric(labels, buckets, h.total)
 
 
+def _attempts(p: ProviderCalls) -> Hist:
+    return p.attempts
+
+
+def _duration(p: ProviderCalls) -> Hist:
+    return p.duration
+
+
+def _attempt_duration(p: ProviderCalls) -> Hist:
+    return p.attempt_duration
+
+
 def _chain(provs: Sequence[ProviderCalls]) -> Iterator[Metric]:
     def per(name: str, doc: str, get: Callable[[ProviderCalls], float],
             kind: type[CounterMetricFamily] | type[GaugeMetricFamily] = CounterMetricFamily,
@@ -231,20 +243,18 @@ def _chain(provs: Sequence[ProviderCalls]) -> Iterator[Metric]:
     yield per("calls_max_attempts_ratio", "Share of attempted calls that used every attempt.",
               lambda p: p.used_every_attempt / p.attempts.count if p.attempts.count else 0.0,
               GaugeMetricFamily)
-    att = HistogramMetricFamily(P + "call_attempts", "Attempts per logical call.",
-                                labels=["provider"])
-    dur = HistogramMetricFamily(P + "call_duration_seconds",
-                                "End-to-end latency of a logical call (all attempts).",
-                                labels=["provider"])
-    adur = HistogramMetricFamily(P + "attempt_duration_seconds",
-                                 "Latency of each attempt that reached the provider "
-                                 "(the retried ones too).",
-                                 labels=["provider"])
-    for p in provs:
-        _add_hist(att, [p.org_code], p.attempts)
-        _add_hist(dur, [p.org_code], p.duration)
-        _add_hist(adur, [p.org_code], p.attempt_duration)
-    yield from (att, dur, adur)
+    # one family built per step of the caller's (render's) loop: the three built together
+    # were one 15-45 ms step at 300 providers
+    for name, doc, get in (
+            ("call_attempts", "Attempts per logical call.", _attempts),
+            ("call_duration_seconds", "End-to-end latency of a logical call (all attempts).",
+             _duration),
+            ("attempt_duration_seconds", "Latency of each attempt that reached the provider "
+             "(the retried ones too).", _attempt_duration)):
+        hist = HistogramMetricFamily(P + name, doc, labels=["provider"])
+        for p in provs:
+            _add_hist(hist, [p.org_code], get(p))
+        yield hist
     yield per("call_timeouts", "Calls that got no answer in time.", lambda p: p.timeouts)
     yield per("call_unknown_outcomes", "Calls whose outcome is unknown (timeouts, 50003).",
               lambda p: p.unknown)

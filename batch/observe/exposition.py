@@ -5,15 +5,23 @@ temporary file in the same directory, then a rename), in the Prometheus text for
 node exporter's textfile collector reads (no exemplars: that format has none). The port
 serves ``/metrics`` on loopback while the run lasts; a scraper asking for OpenMetrics
 (``Accept: application/openmetrics-text``) gets the exemplars too.
+
+Both are encoded by :func:`render` a few hundred samples per turn of the event loop: with
+300 providers the registry holds about 31,000 samples (2.3 MB of text), which
+prometheus_client's encoders turned out in one 130 ms step, every provider's 100 ms slices
+late by as much, at every scrape and every minute's textfile.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder, generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
 from batch.errors import ConfigError
@@ -21,12 +29,67 @@ from batch.errors import ConfigError
 HOST = "127.0.0.1"
 
 
-def write_textfile(registry: CollectorRegistry, path: Path) -> Path:
-    """Write the registry to ``path`` atomically; a reader never sees half a file."""
+#: samples encoded between two turns of the event loop (about 2 ms of the encoder's time)
+RENDER_CHUNK = 500
+
+Encoder = Callable[[CollectorRegistry], bytes]
+
+
+class _Families:
+    """What an encoder reads of a registry (``collect()``), holding just these families."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+async def render(registry: CollectorRegistry, encoder: Encoder = generate_latest, *,
+                 chunk: int = RENDER_CHUNK) -> bytes:
+    """``encoder(registry)``, byte for byte, giving the loop a turn every ``chunk`` samples.
+
+    A family is encoded in parts of at most ``chunk`` samples, each by ``encoder`` itself
+    (its escaping, number format and exemplars); a part after the first drops the family's
+    ``# HELP``/``# TYPE``/``# UNIT`` lines, and every part the format's trailer (OpenMetrics'
+    ``# EOF``), which is written once at the end."""
+    trailer = encoder(_Families(()))  # type: ignore[arg-type]
+    out: list[bytes] = []
+    since_turn = 0
+    for family in registry.collect():
+        samples = family.samples
+        if len(samples) >= chunk:  # building it was a step of its own (about 5 ms at most)
+            since_turn = 0
+            await asyncio.sleep(0)
+        for i in range(0, max(1, len(samples)), chunk):
+            part = Metric(family.name, family.documentation, family.type, family.unit)
+            part.samples = samples[i:i + chunk]
+            text = encoder(_Families((part,)))  # type: ignore[arg-type]
+            if trailer:
+                text = text.removesuffix(trailer)
+            if i:
+                lines = text.split(b"\n")
+                k = 0
+                while k < len(lines) and lines[k].startswith(b"# "):
+                    k += 1
+                text = b"\n".join(lines[k:])
+            out.append(text)
+            since_turn += len(part.samples) + 1
+            if since_turn >= chunk:
+                since_turn = 0
+                await asyncio.sleep(0)
+    out.append(trailer)
+    return b"".join(out)
+
+
+def write_textfile(registry: CollectorRegistry, path: Path, *, body: bytes | None = None
+                   ) -> Path:
+    """Write the registry (or ``body``, its :func:`render` already made) to ``path``
+    atomically; a reader never sees half a file."""
     path = path.expanduser()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_bytes(generate_latest(registry))
+        tmp.write_bytes(generate_latest(registry) if body is None else body)
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -63,7 +126,7 @@ class MetricsServer:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        return web.Response(body=encoder(self._registry),
+        return web.Response(body=await render(self._registry, encoder),
                             headers={"Content-Type": content_type,
                                      "Cache-Control": "no-store"})
 

@@ -23,7 +23,7 @@ from batch.aio import cancel_and_wait
 from batch.clock import KST, Clock
 from batch.errors import describe
 from batch.observe.collector import Dispatcher, RunCollector
-from batch.observe.exposition import MetricsServer, write_textfile
+from batch.observe.exposition import MetricsServer, render, write_textfile
 from batch.observe.logbook import EventLog
 from batch.observe.minutes import MinuteRow, upsert_rows
 from batch.observe.recorder import ChainRecorder
@@ -32,6 +32,9 @@ from batch.resilience.chain import ProviderChain
 from batch.resilience.events import Listener
 
 log = logging.getLogger("mydata.observe")
+
+#: providers cut between two turns of the event loop (see :meth:`Observability.cut`)
+CUT_CHUNK = 25
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,28 +133,40 @@ class Observability:
 
     async def export(self) -> None:
         """Cut the minute, upsert its rows, re-read the database gauges, write the file."""
-        self.cut()
-        rows = [self._rows[k] for k in sorted(self._dirty)]
+        await self.cut()
+        keys = sorted(self._dirty)
         self._dirty.clear()
         try:
-            await upsert_rows(self._engine, [r for r in rows if not r.empty])
-        except Exception as exc:
+            await upsert_rows(self._engine, [r for k in keys if not (r := self._rows[k]).empty])
+        except BaseException as exc:
+            # Not written (the database down, the run stopping mid-write): the next export
+            # (the run's last one at the latest) writes these rows again, as they are then.
+            self._dirty.update(keys)
+            if not isinstance(exc, Exception):
+                raise
             log.warning("could not write run_minutes", extra={
                 "action": "run_minutes_failed", "run_id": self.run_id, "error": describe(exc)})
         await self._read_state()
-        self._write_textfile()
+        await self._write_textfile()
         self.exported.set()
 
-    def cut(self) -> list[MinuteRow]:
-        """Fold everything since the last cut into the rows; returns the rows touched."""
+    async def cut(self) -> list[MinuteRow]:
+        """Fold everything since the last cut into the rows; returns the rows touched.
+
+        It gives the loop a turn every ``CUT_CHUNK`` providers: 300 providers' cut (their
+        latency and lateness percentiles) was one 20 ms step. A provider cut a moment after
+        the others keeps that moment's counts in this minute. Cancelled between two turns
+        (the run stopping), the next cut takes up the same minute again: what each provider
+        did since its own last cut is added to that minute's row."""
         at = self._minute_at
         now = self._clock.now()
-        self._minute_at = self._floor(now)
         mono = self._clock.monotonic()
         touched: list[MinuteRow] = []
         orgs = set(self.recorder.providers) | {d.org_code for d in self._dispatchers}
         by_org = {d.org_code: d for d in self._dispatchers}
-        for org in sorted(orgs):
+        for i, org in enumerate(sorted(orgs)):
+            if i and i % CUT_CHUNK == 0:
+                await asyncio.sleep(0)
             row = self._row(org, at)
             row.add_chain(self.recorder.cut_minute(org, mono))
             touched.append(row)
@@ -167,6 +182,7 @@ class Observability:
                 r.planned, r.started = rec.planned, rec.started
                 touched.append(r)
             self._minute_seen[org] = len(records)
+        self._minute_at = self._floor(now)
         return touched
 
     def _row(self, org: str, at: datetime) -> MinuteRow:
@@ -185,12 +201,12 @@ class Observability:
                 "action": "state_read_failed", "run_id": self.run_id,
                 "error": describe(exc)})
 
-    def _write_textfile(self) -> None:
+    async def _write_textfile(self) -> None:
         path = self.options.metrics_textfile
         if path is None:
             return
         try:
-            write_textfile(self.registry, path)
+            write_textfile(self.registry, path, body=await render(self.registry))
         except Exception as exc:
             log.warning("could not write the metrics textfile", extra={
                 "action": "textfile_failed", "run_id": self.run_id, "error": describe(exc)})

@@ -8,6 +8,7 @@ from datetime import date, datetime
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -112,3 +113,64 @@ async def test_every_minute_boundary_writes_the_rows_and_the_textfile(
             ("01:00", 1)]
     finally:
         await obs.stop()
+
+
+async def test_a_cut_gives_the_loop_turns_and_a_cut_cancelled_part_way_loses_nothing(
+        engine: AsyncEngine) -> None:
+    """300 providers' cut was one 20 ms step; it now yields every CUT_CHUNK providers. A
+    run stopping cancels the minute's export wherever it is: the last export takes up the
+    same minute, and each provider's calls are in that minute's row, once."""
+    from batch.observe.session import CUT_CHUNK
+
+    clock = FakeClock(datetime(2026, 11, 30, 1, 0, 5, tzinfo=KST))
+    obs = Observability(engine, clock=clock, run_id="run-1", day=DAY)
+    orgs = [f"BANK{i:06d}" for i in range(3 * CUT_CHUNK)]
+    chains = {org: ProviderChain(org, ChainSettings(), clock=clock, listeners=obs.listeners)
+              for org in orgs}
+    await obs.start(chains, [])
+    stopped = False
+    try:
+        for chain in chains.values():
+            await drive(clock, chain.call(Provider(clock, [OK])))
+        clock.advance(55)  # 01:01:00: the minute's export starts cutting 01:00
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # it has given the loop a turn: part way through the cut
+        rows = obs._rows
+        assert 0 < len(rows) < len(orgs), len(rows)
+        await obs.stop()  # cancels it there, then the last export
+        stopped = True
+    finally:
+        if not stopped:
+            await obs.stop()
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(schema.run_minutes))).all()
+    assert sorted((r.org_code.strip(), r.minute_at.astimezone(KST).strftime("%H:%M"), r.calls)
+                  for r in rows) == [(org, "01:00", 1) for org in orgs]
+
+
+async def test_rows_a_failed_write_did_not_store_are_written_by_the_next_export(
+        engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from batch.observe import session
+
+    clock = FakeClock(datetime(2026, 11, 30, 1, 0, 5, tzinfo=KST))
+    obs = Observability(engine, clock=clock, run_id="run-1", day=DAY)
+    chain = ProviderChain(ORG, ChainSettings(), clock=clock, listeners=obs.listeners)
+    await obs.start({ORG: chain}, [])
+    real = session.upsert_rows
+
+    async def down(*_: object) -> None:
+        raise ConnectionRefusedError("the database is down")
+
+    try:
+        await drive(clock, chain.call(Provider(clock, [OK])))
+        clock.advance(60)  # 01:01:05
+        monkeypatch.setattr(session, "upsert_rows", down)
+        await obs.export()  # minute 01:00 cut, its write failed
+        monkeypatch.setattr(session, "upsert_rows", real)
+        clock.advance(60)  # 01:02:05: nothing new happened in 01:01
+    finally:
+        await obs.stop()
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(schema.run_minutes))).all()
+    assert [(r.minute_at.astimezone(KST).strftime("%H:%M"), r.calls) for r in rows] == [
+        ("01:00", 1)]
