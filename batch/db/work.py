@@ -239,7 +239,7 @@ async def claim(
             await conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
             rows: Sequence[Any] = (await conn.execute(_PG_CLAIM, params)).all()
         else:
-            return (await _sqlite_claim(conn, [ClaimRequest(org_code, limit, after)],
+            rows = (await _sqlite_claim(conn, [ClaimRequest(org_code, limit, after)],
                                         common=params)).get(org_code, [])
     return _claims_of(rows, org_code)
 
@@ -319,6 +319,7 @@ async def claim_many(
         return [[] for _ in requests]
     found: dict[str, list[Claim]] = {}
     rows: Sequence[Any] = ()
+    by_org: dict[str, list[Any]] = defaultdict(list)
     async with transaction(engine) as conn:
         if conn.dialect.name == "postgresql":
             await conn.exec_driver_sql("SET LOCAL synchronous_commit = off")  # see claim()
@@ -328,12 +329,14 @@ async def claim_many(
                 "cur_ids": [r.after[1] for r in asked], "ns": [r.limit for r in asked],
                 "wk": week, "now": now, "until": now + lease, "worker": worker})).all()
         else:
-            found = await _sqlite_claim(conn, asked, common={
+            by_org = await _sqlite_claim(conn, asked, common={
                 "wk": week, "now": now, "worker": worker, "until": now + lease})
-    if rows:  # PostgreSQL's one statement for all: the claims made per provider
-        by_org: dict[str, list[Any]] = defaultdict(list)
+    # The claims made per provider after the transaction, WAKE_GROUP providers per turn of
+    # the loop (300 providers' claims on SQLite were one 11 ms step, inside the transaction)
+    if rows:  # PostgreSQL's one statement for all
         for row in rows:
             by_org[row[10].rstrip()].append(row)  # org_code, last: char(10)
+    if by_org:
         for k, r in enumerate(asked):
             if k and k % WAKE_GROUP == 0:
                 await asyncio.sleep(0)  # hundreds of providers: let the due ticks run
@@ -342,10 +345,10 @@ async def claim_many(
 
 
 async def _sqlite_claim(conn: AsyncConnection, requests: Sequence[ClaimRequest], *,
-                        common: dict[str, object]) -> dict[str, list[Claim]]:
+                        common: dict[str, object]) -> dict[str, list[Any]]:
     """Pick each provider's claims (one statement each: a LIMIT per provider), then lease
     and read all of them at once (one statement each), every statement answering in one
-    row; the claims per provider. ``common``: ``wk``, ``now``, ``worker``, ``until``."""
+    row; the claimed rows per provider. ``common``: ``wk``, ``now``, ``worker``, ``until``."""
     org_of: dict[int, str] = {}
     stale: set[int] = set()
     for r in requests:
@@ -361,14 +364,14 @@ async def _sqlite_claim(conn: AsyncConnection, requests: Sequence[ClaimRequest],
     await conn.execute(_SQLITE_LEASE, {
         "worker": common["worker"], "until": common["until"], "wk": common["wk"],
         "now": common["now"], "stale": json.dumps(sorted(stale)), "ids": ids})
-    rows: dict[str, list[_ClaimRow]] = defaultdict(list)
+    rows: dict[str, list[Any]] = defaultdict(list)
     for cid, user, wk, att, unk, acc, ref, pend, items in json.loads(
             (await conn.execute(_SQLITE_READ, {
                 "ids": ids, "worker": common["worker"], "until": common["until"]})
              ).scalar_one()):
         rows[org_of[cid]].append(
             _ClaimRow(cid, user, wk, att, unk, cid in stale, acc, ref, pend, items))
-    return {org: _claims_of(got, org) for org, got in rows.items()}
+    return rows
 
 
 def _as_date(v: object) -> date:
