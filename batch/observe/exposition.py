@@ -29,6 +29,9 @@ from batch.errors import ConfigError
 HOST = "127.0.0.1"
 
 
+#: seconds a server's stop waits for the requests it is still answering
+SHUTDOWN_SECONDS = 2.0
+
 #: samples encoded between two turns of the event loop (about 2 ms of the encoder's time)
 RENDER_CHUNK = 500
 
@@ -101,7 +104,9 @@ def write_textfile(registry: CollectorRegistry, path: Path, *, body: bytes | Non
 async def listen(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str, int]:
     """Serve ``app`` on host:port (0 picks a free port); returns the runner and where it
     listens. A port that cannot be bound is one ConfigError line."""
-    runner = web.AppRunner(app, access_log=None)
+    # a stop (Ctrl-C, the run's end) waits at most SHUTDOWN_SECONDS for requests still being
+    # answered, not aiohttp's default 60 s
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
