@@ -95,7 +95,8 @@ def test_cli_warns_before_binding_a_non_loopback_address(sqlite_url: str) -> Non
 def test_cli_serve_runs_until_interrupted(sqlite_url: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from batch.cli import main; main()", "--db", sqlite_url,
+        [sys.executable, "-X", "faulthandler", "-c", "from batch.cli import main; main()",
+         "--db", sqlite_url,
          "dashboard", "--serve", "--port", "0"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -108,7 +109,13 @@ def test_cli_serve_runs_until_interrupted(sqlite_url: str) -> None:
         assert page.status_code == 200 and "mydata-batch" in page.text
         assert doc.json()["has_plan"] is False
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=15) == 0
+        try:
+            code = proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # faulthandler: every thread's stack on stderr
+            _, err = proc.communicate(timeout=10)
+            pytest.fail(f"no exit within 15 s of SIGINT; its output:\n{err[-8000:]}")
+        assert code == 0, proc.stderr.read() if proc.stderr else code
     finally:
         if proc.poll() is None:
             proc.kill()
