@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import sys
 from datetime import date, datetime
 from pathlib import Path
@@ -65,12 +67,22 @@ def dashboard(settings: Settings, week: datetime | None, out: Path, serve: bool,
         click.echo(f"dashboard on {running.url} (JSON at {running.url}api/summary.json); "
                    "Ctrl-C stops", err=False)
         sys.stdout.flush()
+        # The loop's own signal handlers, not asyncio.run's KeyboardInterrupt: a signal the
+        # kernel hands to another thread (SQLite's driver thread) still wakes the loop
+        # through its wake-up fd. With asyncio.run's handler it did not: the loop slept on
+        # in select() with nothing due, and Ctrl-C never stopped the server.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGINT, signal.SIGTERM)
+        for sig in signals:
+            loop.add_signal_handler(sig, stop.set)
         try:
-            await asyncio.Event().wait()
+            await stop.wait()
         finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
             await running.stop()
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         with_engine(settings, serve_forever)
-    except KeyboardInterrupt:
-        click.echo("stopped", err=True)
+    click.echo("stopped", err=True)

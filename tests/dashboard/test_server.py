@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import re
 import signal
 import subprocess
@@ -116,6 +117,42 @@ def test_cli_serve_runs_until_interrupted(sqlite_url: str) -> None:
             _, err = proc.communicate(timeout=10)
             pytest.fail(f"no exit within 15 s of SIGINT; its output:\n{err[-8000:]}")
         assert code == 0, proc.stderr.read() if proc.stderr else code
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+#: tgkill's system call number (Python has no tgkill: a signal to one thread of another process)
+_SYS_TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
+
+
+@pytest.mark.skipif(sys.platform != "linux" or _SYS_TGKILL is None,
+                    reason="tgkill is a Linux system call")
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_cli_serve_stops_on_a_signal_the_kernel_gives_another_thread(
+        sqlite_url: str, sig: signal.Signals) -> None:
+    """A signal to a process goes to any one of its threads. Given to SQLite's driver thread,
+    asyncio.run's Ctrl-C handler never woke the loop sleeping in select(): the fresh-clone
+    CI saw ``dashboard --serve`` ignore SIGINT three times in a row, under load."""
+    import ctypes
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from batch.cli import main; main()", "--db", sqlite_url,
+         "dashboard", "--serve", "--port", "0"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("dashboard on http://127.0.0.1:"), line
+        assert httpx.get(line.split()[2], timeout=10).status_code == 200  # SQLite opened
+        others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+        assert others, "no thread besides the main one"
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(_SYS_TGKILL, proc.pid, others[0], int(sig)) == 0
+        assert proc.wait(timeout=15) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
