@@ -177,18 +177,6 @@ def _add_hist(family: HistogramMetricFamily, labels: list[str], h: Hist) -> None
     family.add_metric(labels, buckets, h.total)
 
 
-def _attempts(p: ProviderCalls) -> Hist:
-    return p.attempts
-
-
-def _duration(p: ProviderCalls) -> Hist:
-    return p.duration
-
-
-def _attempt_duration(p: ProviderCalls) -> Hist:
-    return p.attempt_duration
-
-
 def _chain(provs: Sequence[ProviderCalls]) -> Iterator[Metric]:
     def per(name: str, doc: str, get: Callable[[ProviderCalls], float],
             kind: type[CounterMetricFamily] | type[GaugeMetricFamily] = CounterMetricFamily,
@@ -246,14 +234,14 @@ def _chain(provs: Sequence[ProviderCalls]) -> Iterator[Metric]:
     # one family built per step of the caller's (render's) loop: the three built together
     # were one 15-45 ms step at 300 providers
     for name, doc, get in (
-            ("call_attempts", "Attempts per logical call.", _attempts),
+            ("call_attempts", "Attempts per logical call.", "attempts"),
             ("call_duration_seconds", "End-to-end latency of a logical call (all attempts).",
-             _duration),
+             "duration"),
             ("attempt_duration_seconds", "Latency of each attempt that reached the provider "
-             "(the retried ones too).", _attempt_duration)):
+             "(the retried ones too).", "attempt_duration")):
         hist = HistogramMetricFamily(P + name, doc, labels=["provider"])
         for p in provs:
-            _add_hist(hist, [p.org_code], get(p))
+            _add_hist(hist, [p.org_code], getattr(p, get))
         yield hist
     yield per("call_timeouts", "Calls that got no answer in time.", lambda p: p.timeouts)
     yield per("call_unknown_outcomes", "Calls whose outcome is unknown (timeouts, 50003).",

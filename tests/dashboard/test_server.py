@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -92,35 +94,47 @@ def test_cli_warns_before_binding_a_non_loopback_address(sqlite_url: str) -> Non
     assert "cannot listen on 192.0.2.1" in result.output
 
 
-@pytest.mark.timeout(60)
-def test_cli_serve_runs_until_interrupted(sqlite_url: str) -> None:
+@contextlib.contextmanager
+def _serving(sqlite_url: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``dashboard --serve --port 0`` in a process of its own (faulthandler on): the process
+    and its URL once it listens; killed on the way out if it is still running."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-X", "faulthandler", "-c", "from batch.cli import main; main()",
-         "--db", sqlite_url,
-         "dashboard", "--serve", "--port", "0"],
+         "--db", sqlite_url, "dashboard", "--serve", "--port", "0"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert line.startswith("dashboard on http://127.0.0.1:"), line
-        url = line.split()[2]
+        yield proc, line.split()[2]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _exit_code(proc: subprocess.Popen[str], after: str) -> int:
+    """Its exit code within 15 s; if none, a failure with every thread's stack
+    (faulthandler on SIGABRT)."""
+    try:
+        return proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        _, err = proc.communicate(timeout=10)
+        pytest.fail(f"no exit within 15 s of {after}; its output:\n{err[-8000:]}")
+
+
+@pytest.mark.timeout(60)
+def test_cli_serve_runs_until_interrupted(sqlite_url: str) -> None:
+    with _serving(sqlite_url) as (proc, url):
         page = httpx.get(url, timeout=10)
         doc = httpx.get(url + "api/summary.json", timeout=10)
         assert page.status_code == 200 and "mydata-batch" in page.text
         assert doc.json()["has_plan"] is False
         proc.send_signal(signal.SIGINT)
-        try:
-            code = proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGABRT)  # faulthandler: every thread's stack on stderr
-            _, err = proc.communicate(timeout=10)
-            pytest.fail(f"no exit within 15 s of SIGINT; its output:\n{err[-8000:]}")
+        code = _exit_code(proc, "SIGINT")
         assert code == 0, proc.stderr.read() if proc.stderr else code
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 #: tgkill's system call number (Python has no tgkill: a signal to one thread of another process)
@@ -138,25 +152,13 @@ def test_cli_serve_stops_on_a_signal_the_kernel_gives_another_thread(
     CI saw ``dashboard --serve`` ignore SIGINT three times in a row, under load."""
     import ctypes
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from batch.cli import main; main()", "--db", sqlite_url,
-         "dashboard", "--serve", "--port", "0"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("dashboard on http://127.0.0.1:"), line
-        assert httpx.get(line.split()[2], timeout=10).status_code == 200  # SQLite opened
+    with _serving(sqlite_url) as (proc, url):
+        assert httpx.get(url, timeout=10).status_code == 200  # SQLite opened
         others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
         assert others, "no thread besides the main one"
         libc = ctypes.CDLL(None, use_errno=True)
         assert libc.syscall(_SYS_TGKILL, proc.pid, others[0], int(sig)) == 0
-        assert proc.wait(timeout=15) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        assert _exit_code(proc, sig.name) == 0
 
 
 async def test_live_page_links_only_to_other_weeks_of_itself(week: Week) -> None:
