@@ -95,6 +95,39 @@ async def test_held_by_answers_for_more_ids_than_sqlite_binds_at_once(
         assert await bulk.held_by(conn, ids, worker="w2") == set()
 
 
+def test_a_column_with_an_earlier_arrays_values_reads_that_array() -> None:
+    """A refresh's updated_at and last_scheduled_at are both its time: one array, not two;
+    equal values of another type (bigint ids, integer calls) still travel apart."""
+    times = [{"updated_at": NOW + timedelta(seconds=i), "last_scheduled_at":
+              NOW + timedelta(seconds=i), "not_before": NOW + timedelta(seconds=i % 2)}
+             for i in range(3)]
+    split = bulk._Columns.of(schema.consents, times,
+                             ("updated_at", "last_scheduled_at", "not_before"))
+    assert split.arrays == ("updated_at", "not_before")
+    assert split.aliases == (("last_scheduled_at", "updated_at"),)
+    assert split.sql_parts(schema.consents, 2)[1]["last_scheduled_at"] == "u.updated_at"
+    rows = [{"consent_id": i, "calls": i} for i in (1, 2, 3)]
+    split = bulk._Columns.of(schema.call_outcomes, rows, ("consent_id", "calls"))
+    assert split.arrays == ("consent_id", "calls") and split.aliases == ()
+
+
+@pytest.mark.parametrize("same", [True, False])
+async def test_columns_sharing_an_array_are_each_written(engine: AsyncEngine,
+                                                         same: bool) -> None:
+    ids = await _consents(engine, 3, owner="w1")
+    values = [{"updated_at": NOW + timedelta(seconds=i),
+               "last_scheduled_at": NOW + timedelta(seconds=i if same or i < 3 else 99),
+               "attempts": i, "unknown_attempts": i, "lease_owner": None} for i in ids]
+    async with transaction(engine) as conn:
+        assert await bulk.update_held(conn, ids, values, worker="w1") == set(ids)
+    async with engine.connect() as conn:
+        got = [dict(r._mapping) for r in (await conn.execute(select(
+            schema.consents.c.updated_at, schema.consents.c.last_scheduled_at,
+            schema.consents.c.attempts, schema.consents.c.unknown_attempts,
+            schema.consents.c.lease_owner).order_by(schema.consents.c.id))).all()]
+    assert got == values
+
+
 @pytest.mark.parametrize("n", [1, 3])
 async def test_outcome_rows_alike_or_not_are_all_written(engine: AsyncEngine, n: int) -> None:
     """Columns with one value for every row go as one parameter, the rest as arrays."""
