@@ -37,6 +37,7 @@ from sqlalchemy import (
     Date,
     Integer,
     String,
+    TextClause,
     bindparam,
     func,
     insert,
@@ -168,9 +169,34 @@ _PG_CLAIM = text(
 # with the GIL released and taken back, and a thread that must take the GIL back from a
 # busy event loop waits up to the switch interval (5 ms) each time: a 700-row claim took
 # 60 s against a busy loop when read row by row (batch/db/bulk.py says more).
-_SQLITE_PICK = text(
-    f"SELECT json_group_array(json_array(id, stale)) FROM (SELECT id, {_STALE} {_DUE})"
-).bindparams(*_PICK_PARAMS)
+#: providers picked per SQLite statement: one compound SELECT, a term (and a LIMIT) per
+#: provider (SQLite allows 500 terms and 32,766 parameters; this takes 4 a term). One
+#: statement per provider was 95 statements a second with 300 providers, each a hop to the
+#: driver's thread and back with the loop's GIL hand-off on (tests/bench/test_many_providers.py)
+SQLITE_PICK_GROUP = 50
+_sqlite_picks: dict[int, TextClause] = {}
+
+
+def _sqlite_pick(n: int) -> TextClause:
+    """The pick for ``n`` providers: each one's ``_DUE`` rows (its cursor, its limit), as
+    one JSON array of [id, stale, k] (k: the provider's place in the request)."""
+    stmt = _sqlite_picks.get(n)
+    if stmt is None:
+        terms = " UNION ALL ".join(
+            f"""SELECT * FROM (SELECT id, {_STALE}, {k} AS k FROM consents
+                WHERE org_code = :org_{k} AND {_CLAIMABLE}
+                  AND (due_week, id) > (:cur_week_{k}, :cur_id_{k})
+                ORDER BY due_week, id LIMIT :n_{k})""" for k in range(n))
+        stmt = text(f"SELECT json_group_array(json_array(id, stale, k)) FROM ({terms})"
+                    ).bindparams(
+            bindparam("wk", type_=Date), bindparam("now", type_=UTCDateTime),
+            *(b for k in range(n) for b in (
+                bindparam(f"org_{k}", type_=String), bindparam(f"cur_week_{k}", type_=Date),
+                bindparam(f"cur_id_{k}", type_=Integer), bindparam(f"n_{k}", type_=Integer))))
+        _sqlite_picks[n] = stmt
+    return stmt
+
+
 # The pick runs before the driver opens the transaction (pysqlite opens one at the first
 # write), so another process on the same file may lease a picked row in between: the lease
 # checks again that each row is still free and due, and the read returns only what this
@@ -346,16 +372,22 @@ async def claim_many(
 
 async def _sqlite_claim(conn: AsyncConnection, requests: Sequence[ClaimRequest], *,
                         common: dict[str, object]) -> dict[str, list[Any]]:
-    """Pick each provider's claims (one statement each: a LIMIT per provider), then lease
-    and read all of them at once (one statement each), every statement answering in one
-    row; the claimed rows per provider. ``common``: ``wk``, ``now``, ``worker``, ``until``."""
+    """Pick each provider's claims (a LIMIT per provider, SQLITE_PICK_GROUP providers a
+    statement), then lease and read all of them at once (one statement each), every
+    statement answering in one row; the claimed rows per provider. ``common``: ``wk``,
+    ``now``, ``worker``, ``until``."""
     org_of: dict[int, str] = {}
     stale: set[int] = set()
-    for r in requests:
-        for i, st in json.loads((await conn.execute(_SQLITE_PICK, {
-                "org": r.org_code, "cur_week": r.after[0], "cur_id": r.after[1],
-                "n": r.limit, "wk": common["wk"], "now": common["now"]})).scalar_one()):
-            org_of[i] = r.org_code
+    for start in range(0, len(requests), SQLITE_PICK_GROUP):
+        group = requests[start:start + SQLITE_PICK_GROUP]
+        params: dict[str, object] = {"wk": common["wk"], "now": common["now"]}
+        for k, r in enumerate(group):
+            params[f"org_{k}"] = r.org_code
+            params[f"cur_week_{k}"], params[f"cur_id_{k}"] = r.after
+            params[f"n_{k}"] = r.limit
+        for i, st, k in json.loads(
+                (await conn.execute(_sqlite_pick(len(group)), params)).scalar_one()):
+            org_of[i] = group[k].org_code
             if st:
                 stale.add(i)
     if not org_of:
