@@ -34,6 +34,7 @@ from operator import attrgetter
 from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy import (
+    BindParameter,
     Date,
     Integer,
     String,
@@ -116,18 +117,27 @@ _CLAIMABLE = """status = 'active' AND due_week <= :wk AND not_before <= :now
 #: A claimable consent's previous holder had started calling it (an unknown outcome).
 _STALE = "(lease_owner IS NOT NULL AND started_at IS NOT NULL) AS stale"
 
-#: Due, unleased (or lease expired) consents of one provider after the keyset cursor.
-_DUE = f"""
+def _due(tag: str = "") -> str:
+    """Due, unleased (or lease expired) consents of one provider after the keyset cursor;
+    ``tag`` ends the provider's own parameter names (several providers in one statement)."""
+    return f"""
     FROM consents
-    WHERE org_code = :org AND {_CLAIMABLE}
-      AND (due_week, id) > (:cur_week, :cur_id)
+    WHERE org_code = :org{tag} AND {_CLAIMABLE}
+      AND (due_week, id) > (:cur_week{tag}, :cur_id{tag})
     ORDER BY due_week, id
-    LIMIT :n
+    LIMIT :n{tag}
 """
+
+
+def _due_params(tag: str = "") -> tuple[BindParameter[Any], ...]:
+    """The types of ``_due(tag)``'s own parameters (``wk`` and ``now`` are shared)."""
+    return (bindparam(f"org{tag}", type_=String), bindparam(f"cur_week{tag}", type_=Date),
+            bindparam(f"cur_id{tag}", type_=Integer), bindparam(f"n{tag}", type_=Integer))
+
+
+_DUE = _due()
 _PICK_PARAMS = (
-    bindparam("org", type_=String), bindparam("wk", type_=Date),
-    bindparam("cur_week", type_=Date), bindparam("cur_id", type_=Integer),
-    bindparam("now", type_=UTCDateTime), bindparam("n", type_=Integer),
+    *_due_params(), bindparam("wk", type_=Date), bindparam("now", type_=UTCDateTime),
 )
 
 #: Lease what ``picked`` holds: counters and resume point of another week read as none, an
@@ -178,21 +188,17 @@ _sqlite_picks: dict[int, TextClause] = {}
 
 
 def _sqlite_pick(n: int) -> TextClause:
-    """The pick for ``n`` providers: each one's ``_DUE`` rows (its cursor, its limit), as
+    """The pick for ``n`` providers: each one's ``_due`` rows (its cursor, its limit), as
     one JSON array of [id, stale, k] (k: the provider's place in the request)."""
     stmt = _sqlite_picks.get(n)
     if stmt is None:
         terms = " UNION ALL ".join(
-            f"""SELECT * FROM (SELECT id, {_STALE}, {k} AS k FROM consents
-                WHERE org_code = :org_{k} AND {_CLAIMABLE}
-                  AND (due_week, id) > (:cur_week_{k}, :cur_id_{k})
-                ORDER BY due_week, id LIMIT :n_{k})""" for k in range(n))
+            f"SELECT * FROM (SELECT id, {_STALE}, {k} AS k {_due(f'_{k}')})"
+            for k in range(n))
         stmt = text(f"SELECT json_group_array(json_array(id, stale, k)) FROM ({terms})"
-                    ).bindparams(
-            bindparam("wk", type_=Date), bindparam("now", type_=UTCDateTime),
-            *(b for k in range(n) for b in (
-                bindparam(f"org_{k}", type_=String), bindparam(f"cur_week_{k}", type_=Date),
-                bindparam(f"cur_id_{k}", type_=Integer), bindparam(f"n_{k}", type_=Integer))))
+                    ).bindparams(bindparam("wk", type_=Date),
+                                 bindparam("now", type_=UTCDateTime),
+                                 *(b for k in range(n) for b in _due_params(f"_{k}")))
         _sqlite_picks[n] = stmt
     return stmt
 

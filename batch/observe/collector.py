@@ -233,7 +233,7 @@ def _chain(provs: Sequence[ProviderCalls]) -> Iterator[Metric]:
               GaugeMetricFamily)
     # one family built per step of the caller's (render's) loop: the three built together
     # were one 15-45 ms step at 300 providers
-    for name, doc, get in (
+    for name, doc, attr in (
             ("call_attempts", "Attempts per logical call.", "attempts"),
             ("call_duration_seconds", "End-to-end latency of a logical call (all attempts).",
              "duration"),
@@ -241,7 +241,7 @@ def _chain(provs: Sequence[ProviderCalls]) -> Iterator[Metric]:
              "(the retried ones too).", "attempt_duration")):
         hist = HistogramMetricFamily(P + name, doc, labels=["provider"])
         for p in provs:
-            _add_hist(hist, [p.org_code], getattr(p, get))
+            _add_hist(hist, [p.org_code], getattr(p, attr))
         yield hist
     yield per("call_timeouts", "Calls that got no answer in time.", lambda p: p.timeouts)
     yield per("call_unknown_outcomes", "Calls whose outcome is unknown (timeouts, 50003).",
