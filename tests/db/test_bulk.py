@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, date, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import event, insert, select, text, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -126,6 +127,39 @@ async def test_columns_sharing_an_array_are_each_written(engine: AsyncEngine,
             schema.consents.c.attempts, schema.consents.c.unknown_attempts,
             schema.consents.c.lease_owner).order_by(schema.consents.c.id))).all()]
     assert got == values
+
+
+async def test_values_every_row_shares_go_once_and_are_stored_as_sqlalchemy_stores_them(
+    engine: AsyncEngine,
+) -> None:
+    """A shared time, date and NULL travel once (SQLite: one parameter each, the JSON rows
+    carry only the id and what varies) and read back as the ORM wrote them."""
+    ids = await _consents(engine, 3, owner="w1")
+    later = NOW + timedelta(days=1, microseconds=1)
+    values = [{"updated_at": NOW + timedelta(seconds=i), "not_before": later,
+               "due_week": WEEK + timedelta(days=7), "last_error": None,
+               "week_result": "done"} for i in ids]
+    sent: list[tuple[str, object]] = []
+
+    def _sent(_c: object, _cur: object, statement: str, params: object, *_: object) -> None:
+        sent.append((statement, params))
+
+    event.listen(engine.sync_engine, "before_cursor_execute", _sent)
+    try:
+        async with transaction(engine) as conn:
+            assert await bulk.update_held(conn, ids, values, worker="w1") == set(ids)
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", _sent)
+    async with engine.connect() as conn:
+        got = [dict(r._mapping) for r in (await conn.execute(select(
+            schema.consents.c.updated_at, schema.consents.c.not_before,
+            schema.consents.c.due_week, schema.consents.c.last_error,
+            schema.consents.c.week_result).order_by(schema.consents.c.id))).all()]
+    assert got == values
+    if engine.dialect.name == "sqlite":
+        (params,) = [p for st, p in sent if st.startswith("UPDATE")]
+        rows = next(json.loads(p) for p in params if isinstance(p, str) and p[:1] == "[")
+        assert [len(r) for r in rows] == [2, 2, 2]  # the id and updated_at
 
 
 @pytest.mark.parametrize("n", [1, 3])
