@@ -112,6 +112,18 @@ def test_a_column_with_an_earlier_arrays_values_reads_that_array() -> None:
     assert split.arrays == ("consent_id", "calls") and split.aliases == ()
 
 
+async def _updated(engine: AsyncEngine, ids: list[int],
+                   values: list[dict[str, object]]) -> list[dict[str, object]]:
+    """``update_held`` of ``values`` (worker w1 holds every id), then those columns read
+    back in id order."""
+    async with transaction(engine) as conn:
+        assert await bulk.update_held(conn, ids, values, worker="w1") == set(ids)
+    async with engine.connect() as conn:
+        cols = [schema.consents.c[k] for k in values[0]]
+        return [dict(r._mapping) for r in (await conn.execute(
+            select(*cols).order_by(schema.consents.c.id))).all()]
+
+
 @pytest.mark.parametrize("same", [True, False])
 async def test_columns_sharing_an_array_are_each_written(engine: AsyncEngine,
                                                          same: bool) -> None:
@@ -119,14 +131,7 @@ async def test_columns_sharing_an_array_are_each_written(engine: AsyncEngine,
     values = [{"updated_at": NOW + timedelta(seconds=i),
                "last_scheduled_at": NOW + timedelta(seconds=i if same or i < 3 else 99),
                "attempts": i, "unknown_attempts": i, "lease_owner": None} for i in ids]
-    async with transaction(engine) as conn:
-        assert await bulk.update_held(conn, ids, values, worker="w1") == set(ids)
-    async with engine.connect() as conn:
-        got = [dict(r._mapping) for r in (await conn.execute(select(
-            schema.consents.c.updated_at, schema.consents.c.last_scheduled_at,
-            schema.consents.c.attempts, schema.consents.c.unknown_attempts,
-            schema.consents.c.lease_owner).order_by(schema.consents.c.id))).all()]
-    assert got == values
+    assert await _updated(engine, ids, values) == values
 
 
 async def test_values_every_row_shares_go_once_and_are_stored_as_sqlalchemy_stores_them(
@@ -146,15 +151,9 @@ async def test_values_every_row_shares_go_once_and_are_stored_as_sqlalchemy_stor
 
     event.listen(engine.sync_engine, "before_cursor_execute", _sent)
     try:
-        async with transaction(engine) as conn:
-            assert await bulk.update_held(conn, ids, values, worker="w1") == set(ids)
+        got = await _updated(engine, ids, values)
     finally:
         event.remove(engine.sync_engine, "before_cursor_execute", _sent)
-    async with engine.connect() as conn:
-        got = [dict(r._mapping) for r in (await conn.execute(select(
-            schema.consents.c.updated_at, schema.consents.c.not_before,
-            schema.consents.c.due_week, schema.consents.c.last_error,
-            schema.consents.c.week_result).order_by(schema.consents.c.id))).all()]
     assert got == values
     if engine.dialect.name == "sqlite":
         (params,) = [p for st, p in sent if st.startswith("UPDATE")]
