@@ -79,10 +79,11 @@ BARE_SECONDS = float(os.environ.get("DISPATCH_BENCH_BARE_SECONDS", "5"))
 BARE_CONCURRENCY = (50, 200)
 #: the saturation plan offers this much more than the bare loop did
 OVERLOAD = float(os.environ.get("DISPATCH_BENCH_OVERLOAD", "1.1"))
-SAT_BACKENDS = tuple(os.environ.get("DISPATCH_BENCH_BACKENDS",
-                                    "sqlite,postgresql").split(","))
-PACED_BACKENDS = tuple(os.environ.get("DISPATCH_BENCH_PACED_BACKENDS",
-                                      "postgresql").split(","))
+#: comma-separated; empty skips the case
+SAT_BACKENDS = tuple(b for b in os.environ.get("DISPATCH_BENCH_BACKENDS",
+                                               "sqlite,postgresql").split(",") if b)
+PACED_BACKENDS = tuple(b for b in os.environ.get("DISPATCH_BENCH_PACED_BACKENDS",
+                                                 "postgresql").split(",") if b)
 PACED_CALLS_PER_SECOND = 500
 PACED_MINUTES = int(os.environ.get("DISPATCH_BENCH_PACED_MINUTES", "2"))
 CALLS_PER_REFRESH = 2  # list (one page) + one detail: the scenario gives one item each
