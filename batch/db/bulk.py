@@ -6,16 +6,23 @@ once (``batch.db.work.consent_changes`` and the row builders); this module only 
 values to the database in bulk, and skips SQLAlchemy's per-row parameter processing, which
 was most of the client's cost of a write (tests/bench/profile_dispatch.py):
 
-- PostgreSQL: the rows travel as one array per column, ``UPDATE ... FROM unnest(...)`` /
-  ``INSERT ... SELECT FROM unnest(...)``, id lists as ``= ANY($1)``: one prepared
-  statement per shape, whatever the number of rows (an ``IN`` list of n parameters is a
-  new statement for every n);
-- SQLite: the rows travel as one JSON text (``json_each``), their values first put in the
-  form SQLAlchemy would store (each column type's bind processor), and every statement
-  answers in one row (``json_group_array``). As on PostgreSQL, a value every row shares is
-  one parameter and the rows carry only what varies: a flush of 300 refreshes done cost
-  24 and 20 ms of CPU with every column in each row, 12 and 14 ms so (two alternated
-  rounds, 40 flushes each). SQLite runs in the driver's thread, which
+- on both, a value every row shares is one parameter and the rows carry only what varies,
+  as one JSON text: one prepared statement per shape, whatever the number of rows (an
+  ``IN`` list of n parameters is a new statement for every n); id lists alone go as
+  ``= ANY($1)`` / ``json_each``;
+- PostgreSQL: ``UPDATE ... FROM (SELECT ... FROM jsonb_array_elements($1))`` /
+  ``INSERT ... SELECT``, times as whole microseconds since the epoch (exact, and no zone
+  to format). It replaced one array per column: asyncpg encodes an array element by
+  element and checks each against ``collections.abc`` in Python, and 300 outcome rows'
+  four arrays cost it 1.2 ms of the loop's step on the slower test machine; the JSON
+  text, built by the C encoder, took the insert from 2.3 to 1.6 ms of CPU and the
+  update from 2.3 to 1.9 (medians of 70, SQLAlchemy's own cost included);
+- SQLite: ``json_each``, the values first put in the form SQLAlchemy would store (each
+  column type's bind processor), and every statement answers in one row
+  (``json_group_array``). Sending only what varies took a flush of 300 refreshes done
+  from 24 and 20 ms of CPU to 12 and 14 ms (two alternated rounds, 40 flushes each):
+  ``json_extract`` parses a row's text again for each field. SQLite runs in the driver's
+  thread, which
   takes the GIL back after each row it steps; against a busy event loop each of those
   waits up to the switch interval (5 ms): a 700-row write row by row (``executemany``)
   took a minute there, as one statement 0.1 s.
@@ -29,7 +36,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import BigInteger, Boolean, Date, Float, Integer, SmallInteger, String, Text
@@ -39,7 +46,7 @@ from sqlalchemy.sql.schema import Table
 
 from batch.db.schema import UTCDateTime, call_outcomes, consents
 
-#: PostgreSQL's array element type of each SQLAlchemy column type used on the hot path
+#: PostgreSQL's type of each SQLAlchemy column type used on the hot path
 _PG_TYPES: tuple[tuple[type, str], ...] = (
     (UTCDateTime, "timestamptz"), (SmallInteger, "smallint"), (BigInteger, "bigint"),
     (Integer, "integer"), (Date, "date"), (Float, "double precision"),
@@ -48,8 +55,8 @@ _PG_TYPES: tuple[tuple[type, str], ...] = (
 
 
 def pg_type(table: Table, column: str) -> str:
-    """The PostgreSQL type name of ``table.column`` for an ``unnest`` array (text for
-    CHAR/VARCHAR: the assignment casts it)."""
+    """The PostgreSQL type name of ``table.column`` that a value is cast to on its way in
+    (text for CHAR/VARCHAR: the assignment casts it)."""
     t = table.c[column].type
     for cls, name in _PG_TYPES:
         if isinstance(t, cls):
@@ -60,7 +67,7 @@ def pg_type(table: Table, column: str) -> str:
         for cls, name in _PG_TYPES:
             if isinstance(impl, cls):
                 return name
-    raise TypeError(f"no PostgreSQL array type known for {table.name}.{column} ({t!r})")
+    raise TypeError(f"no PostgreSQL type known for {table.name}.{column} ({t!r})")
 
 
 def is_postgresql(conn: AsyncConnection) -> bool:
@@ -69,16 +76,40 @@ def is_postgresql(conn: AsyncConnection) -> bool:
 
 # -- PostgreSQL -----------------------------------------------------------------------------
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _epoch_us(value: datetime) -> int:
+    """An aware time as whole microseconds since the epoch (exact, whatever its zone)."""
+    if value.tzinfo is None:
+        raise ValueError("naive datetime given to the database; use aware datetimes")
+    return (value - _EPOCH) // _MICROSECOND
+
+
+#: a value's form in a PostgreSQL JSON row, by column type (others go as they are)
+_PG_JSON: dict[str, Callable[[Any], Any]] = {"timestamptz": _epoch_us,
+                                             "date": date.isoformat}
+
+
+def _pg_field(kind: str, k: int) -> str:
+    """Field ``k`` of a JSON row ``e`` as a value of type ``kind``: a time travels as
+    microseconds since the epoch, added back as whole seconds and microseconds (each
+    product exact in the double precision interval arithmetic uses)."""
+    v = f"(e->>{k})"
+    if kind == "timestamptz":
+        return (f"TIMESTAMPTZ 'epoch' + {v}::bigint / 1000000 * INTERVAL '1 second' "
+                f"+ {v}::bigint % 1000000 * INTERVAL '1 microsecond'")
+    return f"{v}::{kind}"
+
+
 @dataclass(frozen=True, slots=True)
 class _Columns:
-    """A batch's columns for one statement: those that vary travel as arrays (each in
+    """A batch's columns for one statement: those that vary travel in the rows (each in
     ``arrays``' order), those with one value for every row as a single parameter each (a
-    flush's rows mostly share them: the week, the result, the cleared lease; an array
-    element costs the driver as much to encode as a whole parameter), and a column whose
-    values are those of an earlier array (a refresh's ``updated_at`` and
-    ``last_scheduled_at`` are both its time) reads that array (``aliases``): a timestamptz
-    array of 300 costs asyncpg 0.6 ms more to encode than a bigint one, and a flush of
-    refreshes done sent the same one twice."""
+    flush's rows mostly share them: the week, the result, the cleared lease), and a column
+    whose values are those of an earlier one (a refresh's ``updated_at`` and
+    ``last_scheduled_at`` are both its time) reads that one's field (``aliases``)."""
 
     arrays: tuple[str, ...]
     scalars: tuple[str, ...]
@@ -89,8 +120,7 @@ class _Columns:
     def of(cls, table: Table, rows: Sequence[dict[str, Any]], cols: Sequence[str],
            always: str | None = None) -> _Columns:
         """The columns ``cols`` of ``rows`` for a statement on ``table``. ``always``: a
-        column sent as an array whatever its values (the one that makes ``unnest`` give a
-        row per row)."""
+        column sent in the rows whatever its values (so that every row has a field)."""
         arrays: list[str] = []
         scalars: list[str] = []
         aliases: list[tuple[str, str]] = []
@@ -106,7 +136,7 @@ class _Columns:
                 same.append(first)
                 continue
             for name, values in zip(arrays, vary, strict=True):
-                # of the same type too: the array is cast to its own column's type
+                # of the same type too: a field is cast to its own column's type
                 if column == values and pg_type(table, c) == pg_type(table, name):
                     aliases.append((c, name))
                     break
@@ -115,22 +145,31 @@ class _Columns:
                 vary.append(column)
         return cls(tuple(arrays), tuple(scalars), (*vary, *same), tuple(aliases))
 
-    def sql_parts(self, table: Table, first: int) -> tuple[str, dict[str, str]]:
-        """The ``unnest(...)`` arguments from parameter ``$first`` on, and each column's
-        expression (``u.<column>`` or a parameter)."""
-        n = first
-        arrays = []
-        expr: dict[str, str] = {}
-        for c in self.arrays:
-            arrays.append(f"${n}::{pg_type(table, c)}[]")
-            expr[c] = f"u.{c}"
-            n += 1
-        for c in self.scalars:
+    def sql_parts(self, table: Table, first: int, *, skip: int = 0
+                  ) -> tuple[str, dict[str, str]]:
+        """The JSON row's fields as columns (``, <expr> AS <column>`` each, for a sub-select
+        over ``jsonb_array_elements(...) AS e``, after ``skip`` leading fields), and each
+        column's expression (``u.<column>``, or parameter ``$first`` on for a shared
+        value)."""
+        fields = "".join(f", {_pg_field(pg_type(table, c), k + skip)} AS {c}"
+                         for k, c in enumerate(self.arrays))
+        expr = {c: f"u.{c}" for c in self.arrays}
+        for n, c in enumerate(self.scalars, first):
             expr[c] = f"${n}::{pg_type(table, c)}"
-            n += 1
         for c, source in self.aliases:
             expr[c] = f"u.{source}"
-        return ", ".join(arrays), expr
+        return fields, expr
+
+    def pg_rows(self, table: Table, first: Sequence[Any] | None = None) -> str:
+        """The JSON text of the rows: ``first`` (a field put before the others: the id),
+        then each varying column's value in the form :func:`_pg_field` reads."""
+        columns: list[Sequence[Any]] = [] if first is None else [first]
+        for c, values in zip(self.arrays, self.params, strict=False):
+            enc = _PG_JSON.get(pg_type(table, c))
+            columns.append(values if enc is None else
+                           [None if v is None else enc(v) for v in values])
+        return json.dumps(list(zip(*columns, strict=True)), separators=(",", ":"),
+                          allow_nan=False)
 
     @property
     def shape(self) -> tuple[object, ...]:
@@ -145,12 +184,12 @@ def _pg_update_sql(cols: tuple[str, ...], split: _Columns) -> str:
     key = ("update", cols, split.shape)
     sql = _pg_statements.get(key)
     if sql is None:
-        arrays, expr = split.sql_parts(consents, 2)
-        n = 2 + len(split.arrays) + len(split.scalars)
-        names = "".join(f", {c}" for c in split.arrays)
+        fields, expr = split.sql_parts(consents, 2, skip=1)
+        n = 2 + len(split.scalars)
         sets = ", ".join(f"{c} = {expr[c]}" for c in cols)
         sql = (f"UPDATE consents AS c SET {sets} "
-               f"FROM unnest($1::bigint[]{', ' if arrays else ''}{arrays}) AS u(id{names}) "
+               f"FROM (SELECT (e->>0)::bigint AS id{fields} "
+               "FROM jsonb_array_elements($1::jsonb) AS e) AS u "
                f"WHERE c.id = u.id AND c.lease_owner = ${n} "
                "RETURNING c.id")
         _pg_statements[key] = sql
@@ -167,7 +206,8 @@ async def update_held(conn: AsyncConnection, ids: Sequence[int],
     if is_postgresql(conn):
         split = _Columns.of(consents, values, cols)
         res = await conn.exec_driver_sql(
-            _pg_update_sql(cols, split), (list(ids), *split.params, worker))
+            _pg_update_sql(cols, split),
+            (split.pg_rows(consents, ids), *split.params[len(split.arrays):], worker))
         return set(res.scalars().all())  # bigint: ints already; fetched at once
     held = await held_by(conn, ids, worker=worker)
     if held:
@@ -244,13 +284,14 @@ async def insert_outcomes(conn: AsyncConnection, rows: Sequence[dict[str, Any]])
         key = ("outcomes", split.shape)
         sql = _pg_statements.get(key)
         if sql is None:
-            arrays, expr = split.sql_parts(call_outcomes, 1)
-            names_u = ", ".join(split.arrays)
+            fields, expr = split.sql_parts(call_outcomes, 2)
             sql = (f"INSERT INTO call_outcomes ({names}) "
                    f"SELECT {', '.join(expr[c] for c in cols)} "
-                   f"FROM unnest({arrays}) AS u({names_u})")
+                   f"FROM (SELECT {fields[2:]} "
+                   "FROM jsonb_array_elements($1::jsonb) AS e) AS u")
             _pg_statements[key] = sql
-        await conn.exec_driver_sql(sql, split.params)
+        await conn.exec_driver_sql(sql, (split.pg_rows(call_outcomes),
+                                         *split.params[len(split.arrays):]))
         return
     parts, params = _sqlite_unnest(conn.dialect, call_outcomes, split, cols)
     await conn.exec_driver_sql(

@@ -594,7 +594,7 @@ async def apply(engine: AsyncEngine, changes: Sequence[Change], *, run_id: str, 
             ids, rows = shapes[key]
             leased |= await bulk.update_held(conn, ids, rows, worker=worker)
         held = batch.held(leased)
-        assets = [row for t in held for row in dead_asset_rows(t)]
+        assets = [row for t in held if t.log.dead_items for row in dead_asset_rows(t)]
         if assets:
             await conn.execute(text(
                 "INSERT INTO dead_assets (consent_id, item_id, since) "

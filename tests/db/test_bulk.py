@@ -33,7 +33,7 @@ async def _consents(engine: AsyncEngine, n: int, *, owner: str | None) -> list[i
     return list(range(1, n + 1))
 
 
-def test_every_consent_and_outcome_column_has_an_array_type() -> None:
+def test_every_consent_and_outcome_column_has_a_postgresql_type() -> None:
     for table in (schema.consents, schema.call_outcomes):
         for col in table.c:
             assert bulk.pg_type(table, col.name)
@@ -159,6 +159,40 @@ async def test_values_every_row_shares_go_once_and_are_stored_as_sqlalchemy_stor
         (params,) = [p for st, p in sent if st.startswith("UPDATE")]
         rows = next(json.loads(p) for p in params if isinstance(p, str) and p[:1] == "[")
         assert [len(r) for r in rows] == [2, 2, 2]  # the id and updated_at
+
+
+async def test_varying_values_of_every_kind_read_back_exactly(engine: AsyncEngine) -> None:
+    """What varies travels as rows of JSON (times as microseconds since the epoch on
+    PostgreSQL): times in any zone, from year 1 to 9999, before the epoch and to the
+    microsecond, dates, NULLs among values, and text that needs escaping all come back as
+    they went."""
+    odd = timezone(timedelta(hours=-9, minutes=-30))
+    times = [datetime(1, 1, 1, 9, 30, tzinfo=KST),
+             datetime(1969, 12, 31, 23, 59, 59, 1, tzinfo=UTC),
+             datetime(1970, 1, 1, tzinfo=odd), NOW + timedelta(microseconds=999_999),
+             datetime(9999, 12, 31, 13, 59, 59, 999_999, tzinfo=odd), None]
+    errors = ['say "hi"', "back\\slash, comma", "줄\n바꿈 \u00e9 \t", None, "", "{}"]
+    ids = await _consents(engine, len(times), owner="w1")
+    values = [{"not_before": t, "last_error": e, "counters_week": None if k % 2 else
+               WEEK + timedelta(days=7 * k), "attempts": k, "lease_owner": None}
+              for k, (t, e) in enumerate(zip(times, errors, strict=True))]
+    values[-1]["not_before"] = NOW  # the column is NOT NULL
+    assert await _updated(engine, ids, values) == values
+    rows = [{"run_id": "r1", "consent_id": i, "org_code": "BANK000001", "day": NOW.date(),
+             "tran_id": e, "kind": "success", "action": "done", "rsp_code": None,
+             "calls": 2, "elapsed_ms": i, "at": t or NOW} for i, t, e in zip(
+                 ids, times, errors, strict=True)]
+    async with transaction(engine) as conn:
+        await bulk.insert_outcomes(conn, rows)
+    async with engine.connect() as conn:
+        got = [dict(r._mapping) for r in (await conn.execute(
+            select(schema.call_outcomes).order_by(schema.call_outcomes.c.consent_id))).all()]
+    for r in got:
+        del r["id"]
+        r["org_code"] = r["org_code"].strip()
+        if r["tran_id"] is not None:  # CHAR(n) on PostgreSQL
+            r["tran_id"] = r["tran_id"].rstrip(" ")
+    assert got == rows
 
 
 @pytest.mark.parametrize("n", [1, 3])
