@@ -28,7 +28,9 @@ was most of the client's cost of a write (tests/bench/profile_dispatch.py):
   took a minute there, as one statement 0.1 s.
 
 Every consent update is guarded by the lease (``lease_owner = worker``) and says which rows
-it changed, so a late write from a worker whose lease expired changes nothing.
+it changed, so a late write from a worker whose lease expired changes nothing. A flush makes
+its statements before its transaction opens (:class:`Prepared`): inside it, each turn of the
+event loop only sends one (the lease is still checked as the statement runs).
 """
 
 from __future__ import annotations
@@ -196,19 +198,58 @@ def _pg_update_sql(cols: tuple[str, ...], split: _Columns) -> str:
     return sql
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A write made ready before its transaction opens (:func:`prepare_update`,
+    :func:`prepare_outcomes`), so that the transaction's own turns of the event loop only
+    send it: the statement and every parameter, or (SQLite's lease-guarded update, whose
+    rows are chosen inside the transaction) what it is made from."""
+
+    dialect: str
+    sql: str | None
+    params: tuple[Any, ...]
+    #: SQLite's update: the ids, their values and the worker, made into the statement by
+    #: :meth:`run` once the rows still leased are known
+    pending: tuple[Sequence[int], Sequence[dict[str, Any]], str] | None = None
+
+    async def run(self, conn: AsyncConnection) -> set[int]:
+        """Send it on ``conn`` (of the dialect it was made for); an update returns the ids
+        it changed, an insert nothing."""
+        if conn.dialect.name != self.dialect:
+            raise ValueError(f"a write prepared for {self.dialect} run on {conn.dialect.name}")
+        if self.pending is not None:
+            return await _sqlite_update_held(conn, *self.pending)
+        if self.sql is None:
+            return set()
+        res = await conn.exec_driver_sql(self.sql, self.params)
+        if res.returns_rows:
+            return set(res.scalars().all())  # bigint: ints already; fetched at once
+        return set()
+
+
+def prepare_update(dialect: Dialect, ids: Sequence[int], values: Sequence[dict[str, Any]],
+                   *, worker: str) -> Prepared:
+    """:func:`update_held`, made ready (see :class:`Prepared`)."""
+    if not ids:
+        return Prepared(dialect.name, None, ())
+    if dialect.name != "postgresql":
+        return Prepared(dialect.name, None, (), (ids, values, worker))
+    cols = tuple(values[0])
+    split = _Columns.of(consents, values, cols)
+    return Prepared(dialect.name, _pg_update_sql(cols, split),
+                    (split.pg_rows(consents, ids), *split.params[len(split.arrays):], worker))
+
+
 async def update_held(conn: AsyncConnection, ids: Sequence[int],
                       values: Sequence[dict[str, Any]], *, worker: str) -> set[int]:
     """Set each consent's ``values`` (all of one shape: the same columns) where ``worker``
     still holds its lease; returns the ids changed."""
-    if not ids:
-        return set()
+    return await prepare_update(conn.dialect, ids, values, worker=worker).run(conn)
+
+
+async def _sqlite_update_held(conn: AsyncConnection, ids: Sequence[int],
+                              values: Sequence[dict[str, Any]], worker: str) -> set[int]:
     cols = tuple(values[0])
-    if is_postgresql(conn):
-        split = _Columns.of(consents, values, cols)
-        res = await conn.exec_driver_sql(
-            _pg_update_sql(cols, split),
-            (split.pg_rows(consents, ids), *split.params[len(split.arrays):], worker))
-        return set(res.scalars().all())  # bigint: ints already; fetched at once
     held = await held_by(conn, ids, worker=worker)
     if held:
         kept = [(i, v) for i, v in zip(ids, values, strict=True) if i in held]
@@ -273,14 +314,14 @@ _OUTCOME_COLS = ("run_id", "consent_id", "org_code", "day", "tran_id", "kind", "
                  "rsp_code", "calls", "elapsed_ms", "at")
 
 
-async def insert_outcomes(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
-    """The ``call_outcomes`` rows, in one statement."""
+def prepare_outcomes(dialect: Dialect, rows: Sequence[dict[str, Any]]) -> Prepared:
+    """:func:`insert_outcomes`, made ready (see :class:`Prepared`)."""
     if not rows:
-        return
+        return Prepared(dialect.name, None, ())
     cols = _OUTCOME_COLS
     names = ", ".join(cols)
     split = _Columns.of(call_outcomes, rows, cols, always="consent_id")
-    if is_postgresql(conn):
+    if dialect.name == "postgresql":
         key = ("outcomes", split.shape)
         sql = _pg_statements.get(key)
         if sql is None:
@@ -290,13 +331,17 @@ async def insert_outcomes(conn: AsyncConnection, rows: Sequence[dict[str, Any]])
                    f"FROM (SELECT {fields[2:]} "
                    "FROM jsonb_array_elements($1::jsonb) AS e) AS u")
             _pg_statements[key] = sql
-        await conn.exec_driver_sql(sql, (split.pg_rows(call_outcomes),
-                                         *split.params[len(split.arrays):]))
-        return
-    parts, params = _sqlite_unnest(conn.dialect, call_outcomes, split, cols)
-    await conn.exec_driver_sql(
-        f"INSERT INTO call_outcomes ({names}) SELECT {', '.join(parts.select)} "
-        f"FROM (SELECT {parts.fields[2:]} FROM json_each(?)) AS u", tuple(params))
+        return Prepared(dialect.name, sql, (split.pg_rows(call_outcomes),
+                                            *split.params[len(split.arrays):]))
+    parts, params = _sqlite_unnest(dialect, call_outcomes, split, cols)
+    return Prepared(dialect.name,
+                    f"INSERT INTO call_outcomes ({names}) SELECT {', '.join(parts.select)} "
+                    f"FROM (SELECT {parts.fields[2:]} FROM json_each(?)) AS u", tuple(params))
+
+
+async def insert_outcomes(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
+    """The ``call_outcomes`` rows, in one statement."""
+    await prepare_outcomes(conn.dialect, rows).run(conn)
 
 
 # -- SQLite ---------------------------------------------------------------------------------
@@ -391,5 +436,5 @@ def _json(rows: Sequence[Any]) -> str:
     return json.dumps(rows, separators=(",", ":"))
 
 
-__all__ = ["held_by", "insert_outcomes", "is_postgresql", "pg_type", "set_where_held",
-           "update_held"]
+__all__ = ["Prepared", "held_by", "insert_outcomes", "is_postgresql", "pg_type",
+           "prepare_outcomes", "prepare_update", "set_where_held", "update_held"]

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import event, insert, select, text, update
 from sqlalchemy.dialects import sqlite
+from sqlalchemy.dialects.postgresql import asyncpg as pg_asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.clock import KST
@@ -54,6 +55,37 @@ async def test_an_update_changes_only_the_rows_the_worker_still_leases(
     assert [rows[i].attempts for i in ids] == [1, 0, 3, 4]
     assert rows[3].not_before == NOW + timedelta(hours=3)
     assert rows[2].lease_owner == "w2" and rows[1].lease_owner is None
+
+
+async def test_an_update_prepared_before_its_transaction_checks_the_lease_as_it_runs(
+        engine: AsyncEngine) -> None:
+    """The outcome writer makes its statements before the transaction opens; a lease lost
+    in between still keeps the row out of the write."""
+    ids = await _consents(engine, 3, owner="w1")
+    prepared = bulk.prepare_update(engine.dialect, ids, [{"attempts": 7} for _ in ids],
+                                   worker="w1")
+    async with transaction(engine) as conn:
+        await conn.execute(update(schema.consents).where(schema.consents.c.id == 2)
+                           .values(lease_owner="w2"))
+    async with transaction(engine) as conn:
+        assert await prepared.run(conn) == {1, 3}
+    async with engine.connect() as conn:
+        got = (await conn.execute(select(schema.consents.c.attempts)
+                                  .order_by(schema.consents.c.id))).scalars().all()
+    assert got == [7, 0, 7]
+
+
+async def test_a_write_prepared_for_one_database_is_refused_on_another(
+        engine: AsyncEngine) -> None:
+    other = sqlite.dialect() if engine.dialect.name == "postgresql" else pg_asyncpg.dialect()
+    rows = [{"run_id": "r1", "consent_id": 1, "org_code": "BANK000001", "day": NOW.date(),
+             "tran_id": None, "kind": "success", "action": "done", "rsp_code": "00000",
+             "calls": 2, "elapsed_ms": 5, "at": NOW}]
+    for prepared in (bulk.prepare_outcomes(other, rows),
+                     bulk.prepare_update(other, [1], [{"attempts": 1}], worker="w1")):
+        async with transaction(engine) as conn:
+            with pytest.raises(ValueError, match=f"prepared for {other.name}"):
+                await prepared.run(conn)
 
 
 async def test_a_time_is_stored_in_the_form_sqlalchemy_stores(engine: AsyncEngine) -> None:
