@@ -47,6 +47,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from pathlib import Path
@@ -70,6 +71,7 @@ from batch.resilience.outcomes import Outcome
 from batch.simulator import SimulatorProcess
 from batch.tranid import TranIdGenerator
 from planning.calendar import week_start
+from tests.bench.loop_steps import loop_steps
 from tests.conftest import PG_ADMIN_URL, _admin
 from tests.integration.helpers import free_ports
 from tests.sealing import CIPHER, seal
@@ -86,6 +88,9 @@ PACED_BACKENDS = tuple(b for b in os.environ.get("DISPATCH_BENCH_PACED_BACKENDS"
                                                  "postgresql").split(",") if b)
 PACED_CALLS_PER_SECOND = 500
 PACED_MINUTES = int(os.environ.get("DISPATCH_BENCH_PACED_MINUTES", "2"))
+#: time the paced run's event-loop steps (tests/bench/loop_steps.py): where its lateness
+#: comes from, wall time against this thread's CPU
+STEPS = os.environ.get("BENCH_STEPS") == "1"
 CALLS_PER_REFRESH = 2  # list (one page) + one detail: the scenario gives one item each
 
 DAY = date(2026, 11, 30)
@@ -302,15 +307,20 @@ class RunFigures:
         return self.calls / self.seconds if self.seconds > 0 else 0.0
 
 
-async def _run(url: str, insts: Institutions, plan: dict[int, int]) -> RunFigures:
+async def _run(url: str, insts: Institutions, plan: dict[int, int],
+               steps: list[str] | None = None) -> RunFigures:
+    """``steps``: given, run_day's loop steps are timed (loop_steps.py) and reported there."""
     engine = await _prepare(url, insts, plan)
     try:
         start = datetime(2026, 11, 30, 0, 59, 57, tzinfo=KST)
         clock = ScaledClock(1.0, start=start)  # speed 1: real seconds, shifted wall clock
         t0 = time.monotonic()
-        res = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(
-            progress="none", lease=timedelta(minutes=10)), stream=io.StringIO(),
-            install_signals=False)
+        with loop_steps() if steps is not None else nullcontext() as probe:
+            res = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(
+                progress="none", lease=timedelta(minutes=10)), stream=io.StringIO(),
+                install_signals=False)
+        if probe is not None and steps is not None:
+            steps += probe.report()
         elapsed_total = time.monotonic() - t0
         provs = res.summary.to_json()["providers"]
         assert res.summary.totals["not_attempted"] == 0, res.summary.totals
@@ -429,11 +439,14 @@ def test_dispatch_throughput_lateness_and_plan_error(
     per_minute = PACED_CALLS_PER_SECOND * 60 // CALLS_PER_REFRESH // PROVIDERS
     paced_plan = {FIRST_MINUTE + k: per_minute for k in range(PACED_MINUTES)}
     paced: dict[str, tuple[RunFigures, dict[str, Any], dict[str, float]]] = {}
+    step_reports: dict[str, list[str]] = {}
     for backend in PACED_BACKENDS:
         url = fresh_db(backend)
         ticker = subprocess.Popen([sys.executable, "-c", TICKER, str(PACED_MINUTES * 60)],
                                   stdout=subprocess.PIPE, text=True)
-        fig = asyncio.run(_run(url, insts, paced_plan))
+        step_reports[backend] = []
+        fig = asyncio.run(_run(url, insts, paced_plan, step_reports[backend] if STEPS
+                               else None))
         idle = json.loads(ticker.communicate(timeout=120)[0])
         stats = sim.stats()
         sim.reset()
@@ -491,6 +504,9 @@ def test_dispatch_throughput_lateness_and_plan_error(
         print(f"    {'idle ticker':<11}{'':>9}{PACED_MINUTES * 600:>8,}{idle['p50']:>10.2f}"
               f"{idle['p99']:>7.2f}{idle['max']:>8.2f}{idle['missed']:>8}"
               "   (a bare asyncio loop in its own process at the same time: the noise floor)")
+    for backend, lines in step_reports.items():  # BENCH_STEPS=1 (the probe slows it)
+        if lines:
+            print(f"    {backend}, " + "\n      ".join(lines))
     print("(d) planned vs done per minute (done = outcomes 'done' finishing in the minute), "
           "goal within 1%:")
     for backend, (fig, _, _) in paced.items():

@@ -24,6 +24,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,11 @@ from batch.config import Institutions, load_institutions
 from batch.db import schema
 from batch.dispatch.runner import RunOptions, run_day
 from batch.simulator import SimulatorProcess
+from tests.bench.loop_steps import loop_steps
 from tests.bench.test_dispatch_throughput import (
     CALLS_PER_REFRESH,
     FIRST_MINUTE,
+    STEPS,
     TICKER,
     _prepare,
     fresh_db,
@@ -67,7 +70,9 @@ def _institutions_toml(ports: list[int], n: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def _run(url: str, insts: Institutions, plan: dict[int, int]) -> dict[str, Any]:
+async def _run(url: str, insts: Institutions, plan: dict[int, int],
+               steps: list[str] | None = None) -> dict[str, Any]:
+    """``steps``: given, run_day's loop steps are timed (loop_steps.py) and reported there."""
     engine = await _prepare(url, insts, plan)
     counts = {"statements": 0, "commits": 0}
     kinds: dict[str, int] = defaultdict(int)
@@ -84,10 +89,13 @@ async def _run(url: str, insts: Institutions, plan: dict[int, int]) -> dict[str,
     try:
         clock = ScaledClock(1.0, start=datetime(2026, 11, 30, 0, 59, 57, tzinfo=KST))
         t0, c0 = time.monotonic(), time.process_time()
-        res = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(
-            progress="none", lease=timedelta(minutes=10)), stream=io.StringIO(),
-            install_signals=False)
+        with loop_steps() if steps is not None else nullcontext() as probe:
+            res = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(
+                progress="none", lease=timedelta(minutes=10)), stream=io.StringIO(),
+                install_signals=False)
         wall, cpu = time.monotonic() - t0, time.process_time() - c0
+        if probe is not None and steps is not None:
+            steps += probe.report()
         event.remove(engine.sync_engine, "before_cursor_execute", _statement)
         event.remove(engine.sync_engine, "commit", _commit)
         async with engine.connect() as conn:
@@ -140,12 +148,14 @@ def test_three_hundred_providers_in_one_process(
     per_minute = REFRESHES_PER_SECOND * 60
     plan = {FIRST_MINUTE + k: per_minute for k in range(MINUTES)}
     figures: dict[str, tuple[dict[str, Any], dict[str, float], str]] = {}
+    step_reports: dict[str, list[str]] = {}
     with SimulatorProcess(path, scenario_path=scen, window_override=["0000:2359"]) as sim:
         for backend in BACKENDS:
             url = fresh_db(backend)
             ticker = subprocess.Popen([sys.executable, "-c", TICKER, str(MINUTES * 60)],
                                       stdout=subprocess.PIPE, text=True)
-            fig = asyncio.run(_run(url, insts, plan))
+            step_reports[backend] = []
+            fig = asyncio.run(_run(url, insts, plan, step_reports[backend] if STEPS else None))
             idle = json.loads(ticker.communicate(timeout=300)[0])
             seen = sim.stats()["total"]["calls"]
             sim.reset()
@@ -176,5 +186,8 @@ def test_three_hundred_providers_in_one_process(
         top = sorted(f["kinds"].items(), key=lambda kv: -kv[1])[:8]
         print(f"    {backend} statements/s by kind: "
               + ", ".join(f"{k} {n / f['wall']:.1f}" for k, n in top))
+    for backend, lines in step_reports.items():  # BENCH_STEPS=1 (the probe slows it)
+        if lines:
+            print(f"    {backend}, " + "\n      ".join(lines))
     for backend, (f, _, _) in figures.items():
         assert f["totals"]["failed"] == 0, (backend, f["totals"])
