@@ -224,10 +224,12 @@ class MydataClient:
                 data = json.loads(answer.content)
             except ValueError:
                 data = None
-        code = data.get("rsp_code") if isinstance(data, dict) else None
-        return classify(answer.status_code, code if isinstance(code, str) else None,
-                        retry_after=_retry_after(answer.headers.get("retry-after")),
-                        payload=data, elapsed=elapsed, tran_id=tran_id)
+        code, unreadable = _rsp_code(data)
+        out = classify(answer.status_code, code,
+                       retry_after=_retry_after(answer.headers.get("retry-after")),
+                       payload=data, elapsed=elapsed, tran_id=tran_id)
+        return out if unreadable is None else out.with_(
+            detail=f"{out.detail or f'HTTP {answer.status_code}'}, {unreadable}")
 
     def _request(self, method: str, path: str, token: str, tran_id: str, timeout: float,
                  **content: Any) -> httpx.Request:
@@ -333,8 +335,7 @@ class MydataClient:
             if answer.status_code == 200 and isinstance(data, dict) and data.get("access_token"):
                 return Outcome(Kind.SUCCESS, "00000", 200, payload=data, elapsed=elapsed,
                                tran_id=tran_id)
-            code = data.get("rsp_code") if isinstance(data, dict) else None
-            out = classify(answer.status_code, code if isinstance(code, str) else None,
+            out = classify(answer.status_code, _rsp_code(data)[0],
                            elapsed=elapsed).with_(tran_id=tran_id)
             if out.kind is Kind.CLIENT:  # a refused refresh token is the consent's problem
                 out = out.with_(kind=Kind.CONSENT, rsp_code="40101",
@@ -444,6 +445,22 @@ async def _save(on_token: TokenSaver | None, tokens: _Tokens) -> None:
             "action": "token_save_failed", "error": describe(exc)})
         return
     tokens.changed = False
+
+
+#: the longest response code taken as one (MYDATA.md's are five characters)
+_MAX_CODE = 16
+
+
+def _rsp_code(data: Any) -> tuple[str | None, str | None]:
+    """The answer's ``rsp_code`` if it reads as a code (a short printable string), else
+    None and why, in a form that can be stored and logged: the code is written to the
+    outcome log, and a provider's NUL or a page of text in it would make the database
+    refuse the whole batch of outcomes it rode in, again at every retry."""
+    code = data.get("rsp_code") if isinstance(data, dict) else None
+    if code is None or (isinstance(code, str) and 0 < len(code) <= _MAX_CODE
+                        and code.isprintable()):
+        return code, None
+    return None, f"unreadable rsp_code {ascii(code)[:40]}"
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -7,10 +7,12 @@ import json
 from collections.abc import Awaitable, Callable
 
 import httpx
+import pytest
 
 from batch.client import MydataClient, Progress, make_http_client
 from batch.clock import FakeClock
 from batch.config import parse_institutions
+from batch.lifecycle import error_line
 from batch.resilience.outcomes import Kind, Layer, Outcome
 from batch.tranid import TRAN_ID_RE, TranIdGenerator
 
@@ -149,6 +151,25 @@ async def test_without_a_refresh_token_40101_is_the_consents_problem() -> None:
     await http.aclose()
     assert res.outcome.kind is Kind.CONSENT and res.outcome.rsp_code == "40101"
     assert len(seen) == 1
+
+
+@pytest.mark.parametrize(("status", "code", "kind"), [
+    (200, "0\x000000", Kind.CLIENT), (500, "5" * 10_000, Kind.FAULT), (200, 0, Kind.CLIENT),
+    (503, "", Kind.FAULT)])
+async def test_an_rsp_code_that_is_not_a_code_is_kept_out_of_the_outcome(
+        status: int, code: object, kind: Kind) -> None:
+    """What a provider puts in rsp_code lands in the outcome log: a NUL or a page of text
+    there would make PostgreSQL refuse the whole batch of outcomes, at every retry. It is
+    classified as an answer without a code, and named, escaped and cut short, in the
+    detail."""
+    c, http = client(lambda _r: httpx.Response(status, json={"rsp_code": code}))
+    res = await c.refresh(access_token="tok-a", refresh_token=None)
+    await http.aclose()
+    out = res.outcome
+    assert out.kind is kind and out.rsp_code is None
+    assert out.detail is not None and "unreadable rsp_code" in out.detail
+    assert "\x00" not in out.detail and len(out.detail) < 80 and out.detail.isprintable()
+    assert "\x00" not in error_line(out)
 
 
 async def test_a_failed_detail_keeps_the_rest_and_a_resume_skips_the_list() -> None:
