@@ -599,8 +599,8 @@ async def apply(engine: AsyncEngine, changes: Sequence[Change], *, run_id: str, 
     logged = bulk.prepare_outcomes(engine.dialect, outcomes)
     async with transaction(engine) as conn:
         leased: set[int] = set()
-        for update in updates:
-            leased |= await update.run(conn)
+        for prepared in updates:
+            leased |= await prepared.run(conn)
         held = batch.held(leased)
         assets = [row for t in held if t.log.dead_items for row in dead_asset_rows(t)]
         if assets:
