@@ -69,29 +69,35 @@ class StepLog:
         return out
 
 
-def _innermost(handle: Any) -> str:
-    """Where the task a callback resumes is waiting: its innermost coroutine and line."""
+def _awaited(handle: Any) -> list[Any] | None:
+    """The chain of coroutines the task a callback resumes is in, outermost first (None:
+    the callback is not a task's step)."""
     task = getattr(handle._callback, "__self__", None)
     if not isinstance(task, asyncio.Task):
-        return ""
+        return None
+    chain = []
     coro: Any = task.get_coro()
-    last = coro
     while coro is not None and hasattr(coro, "cr_frame"):
-        last, coro = coro, coro.cr_await
-    frame = getattr(last, "cr_frame", None)
-    return f"{getattr(last, '__qualname__', '?')}:{frame.f_lineno if frame else '-'}"
+        chain.append(coro)
+        coro = coro.cr_await
+    return chain
+
+
+def _innermost(handle: Any) -> str:
+    """Where the task a callback resumes is waiting: its innermost coroutine and line."""
+    chain = _awaited(handle)
+    if not chain:
+        return ""
+    frame = chain[-1].cr_frame
+    return f"{getattr(chain[-1], '__qualname__', '?')}:{frame.f_lineno if frame else '-'}"
 
 
 def _chain(handle: Any) -> str:
     """The callback's name, or its task's chain of awaited coroutines (after the step)."""
-    task = getattr(handle._callback, "__self__", None)
-    if not isinstance(task, asyncio.Task):
+    chain = _awaited(handle)
+    if chain is None:
         return getattr(handle._callback, "__qualname__", repr(handle._callback))
-    names = []
-    coro: Any = task.get_coro()
-    while coro is not None and hasattr(coro, "cr_frame"):
-        names.append(getattr(coro, "__qualname__", "?"))
-        coro = coro.cr_await
+    names = [getattr(coro, "__qualname__", "?") for coro in chain]
     if len(names) > 5:  # the task's own coroutine, what it is in, and where it waits
         names = [*names[:2], "..", *names[-2:]]
     return ">".join(names)

@@ -193,6 +193,23 @@ async def test_values_every_row_shares_go_once_and_are_stored_as_sqlalchemy_stor
         assert [len(r) for r in rows] == [2, 2, 2]  # the id and updated_at
 
 
+async def _inserted(engine: AsyncEngine,
+                    rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """``insert_outcomes`` of ``rows``, then every outcome row read back in consent order
+    (without its id, the CHAR(n) columns' padding taken off)."""
+    async with transaction(engine) as conn:
+        await bulk.insert_outcomes(conn, rows)
+    async with engine.connect() as conn:
+        got = [dict(r._mapping) for r in (await conn.execute(
+            select(schema.call_outcomes).order_by(schema.call_outcomes.c.consent_id))).all()]
+    for r in got:
+        del r["id"]
+        r["org_code"] = r["org_code"].strip()
+        if r["tran_id"] is not None:
+            r["tran_id"] = r["tran_id"].rstrip(" ")
+    return got
+
+
 async def test_varying_values_of_every_kind_read_back_exactly(engine: AsyncEngine) -> None:
     """What varies travels as rows of JSON (times as microseconds since the epoch on
     PostgreSQL): times in any zone, from year 1 to 9999, before the epoch and to the
@@ -214,17 +231,7 @@ async def test_varying_values_of_every_kind_read_back_exactly(engine: AsyncEngin
              "tran_id": e, "kind": "success", "action": "done", "rsp_code": None,
              "calls": 2, "elapsed_ms": i, "at": t or NOW} for i, t, e in zip(
                  ids, times, errors, strict=True)]
-    async with transaction(engine) as conn:
-        await bulk.insert_outcomes(conn, rows)
-    async with engine.connect() as conn:
-        got = [dict(r._mapping) for r in (await conn.execute(
-            select(schema.call_outcomes).order_by(schema.call_outcomes.c.consent_id))).all()]
-    for r in got:
-        del r["id"]
-        r["org_code"] = r["org_code"].strip()
-        if r["tran_id"] is not None:  # CHAR(n) on PostgreSQL
-            r["tran_id"] = r["tran_id"].rstrip(" ")
-    assert got == rows
+    assert await _inserted(engine, rows) == rows
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -234,15 +241,7 @@ async def test_outcome_rows_alike_or_not_are_all_written(engine: AsyncEngine, n:
              "day": NOW.date(), "tran_id": None if i else "OPERATOR01M00000000000001",
              "kind": "success", "action": "done", "rsp_code": "00000", "calls": 2,
              "elapsed_ms": 5 * i, "at": NOW + timedelta(seconds=i)} for i in range(n)]
-    async with transaction(engine) as conn:
-        await bulk.insert_outcomes(conn, rows)
-    async with engine.connect() as conn:
-        got = [dict(r._mapping) for r in (await conn.execute(
-            select(schema.call_outcomes).order_by(schema.call_outcomes.c.consent_id))).all()]
-    for r in got:
-        del r["id"]
-        r["org_code"] = r["org_code"].strip()
-    assert got == rows
+    assert await _inserted(engine, rows) == rows
 
 
 _ZONES = [UTC, KST, timezone(timedelta(hours=-9, minutes=-30))]
