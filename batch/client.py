@@ -391,14 +391,21 @@ class MydataClient:
                     kept = None if next_page is None else Progress(tuple(items), next_page)
                     return self._result(out, calls, tokens, items=len(items), progress=kept)
                 page = out.payload if isinstance(out.payload, dict) else {}
-                for item in page.get(r.list_key) or []:
-                    if isinstance(item, dict) and r.id_key in item:
-                        items.append(str(item[r.id_key]))
-                nxt = page.get("next_page")
+                read, nxt, broken = _read_page(page, r)
+                if broken is not None:
+                    # A 00000 page we cannot read is the provider's fault, and nothing of it
+                    # is kept: the next attempt asks for this page again (page 1 again is a
+                    # second transfer, which the provider may refuse with 42901).
+                    out = Outcome(Kind.FAULT, out.rsp_code, out.http_status, detail=broken,
+                                  elapsed=out.elapsed, attempts=out.attempts,
+                                  tran_id=out.tran_id)
+                    kept = None if next_page is None else Progress(tuple(items), next_page)
+                    return self._result(out, calls, tokens, items=len(items), progress=kept)
+                items.extend(read)
                 last = out
-                if not nxt:
+                if nxt is None:
                     break
-                next_page = str(nxt)
+                next_page = nxt
         todo = [i for i in items if i not in dead_items]
         dead: list[str] = []
         for i, item_id in enumerate(todo):
@@ -461,6 +468,48 @@ def _rsp_code(data: Any) -> tuple[str | None, str | None]:
                         and code.isprintable()):
         return code, None
     return None, f"unreadable rsp_code {ascii(code)[:40]}"
+
+
+#: the longest item id and page cursor taken as one
+_MAX_ID = 64
+_MAX_CURSOR = 512
+
+
+def _readable(value: Any, longest: int) -> str | None:
+    """An item id or a page cursor as we keep it: an integer, or a printable string of at
+    most ``longest`` characters; else None. Both go into the provider's URL and body and
+    into our database (a NUL or a lone surrogate would make PostgreSQL refuse the batch
+    they ride in)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str) and 0 < len(value) <= longest and value.isprintable():
+        return value
+    return None
+
+
+def _read_page(page: dict[str, Any], r: IndustryRoutes
+               ) -> tuple[list[str], str | None, str | None]:
+    """One list page's item ids and its ``next_page`` cursor (None on the last page), or
+    why the page cannot be read: its list is not a list, an entry is not an object with a
+    readable ``id_key``, or the cursor is not readable."""
+    entries = page.get(r.list_key)
+    if entries is not None and not isinstance(entries, list):
+        return [], None, f"list page: {r.list_key} is not a list"
+    ids: list[str] = []
+    for n, entry in enumerate(entries or ()):
+        value = entry.get(r.id_key) if isinstance(entry, dict) else None
+        item_id = _readable(value, _MAX_ID)
+        if item_id is None:
+            return [], None, (f"list page: entry {n} has no readable {r.id_key} "
+                              f"({ascii(value)[:40]})")
+        ids.append(item_id)
+    raw = page.get("next_page")
+    if not raw:
+        return ids, None, None
+    cursor = _readable(raw, _MAX_CURSOR)
+    if cursor is None:
+        return [], None, f"list page: unreadable next_page {ascii(raw)[:40]}"
+    return ids, cursor, None
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+from urllib.parse import quote
 
 MAX_PAGE_LIMIT = 500
 
@@ -37,7 +38,10 @@ class IndustryRoutes:
         return f"/v1/{self.industry}/{self.list_resource}"
 
     def detail_path(self, item_id: str) -> str:
-        return f"/v1/{self.industry}/{self.detail_resource}".replace("{id}", item_id)
+        """The detail call's path; an id in the path is one percent-encoded segment, so a
+        provider's id holding ``/``, ``?``, ``#`` or ``..`` cannot reach another route."""
+        return f"/v1/{self.industry}/{self.detail_resource}".replace(
+            "{id}", quote(item_id, safe=""))
 
     @property
     def detail_route(self) -> str:

@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from aiohttp import web
 
@@ -211,7 +211,10 @@ class Simulator:
             target = exact.get((method, path))
             item_id: str | None = None
             if target is None:
-                head, _, tail = path.rpartition("/")
+                # the id is one percent-encoded segment (routes.detail_path): split the
+                # path as sent, then decode the id
+                head, _, tail = request.raw_path.partition("?")[0].rpartition("/")
+                head, tail = unquote(head), unquote(tail)
                 sim_by_head = heads.get((method, head))
                 if sim_by_head is None or not tail:
                     return _json(404, {"rsp_code": "40001", "rsp_msg": "no such route"},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from urllib.parse import unquote
 
 import httpx
 import pytest
@@ -170,6 +171,106 @@ async def test_an_rsp_code_that_is_not_a_code_is_kept_out_of_the_outcome(
     assert out.detail is not None and "unreadable rsp_code" in out.detail
     assert "\x00" not in out.detail and len(out.detail) < 80 and out.detail.isprintable()
     assert "\x00" not in error_line(out)
+
+
+def _pages(*bodies: dict[str, object]) -> tuple[Handler, list[httpx.Request]]:
+    """A provider whose list pages are ``bodies`` in order (00000 added), each ``next_page``
+    as given; every detail call answers 00000."""
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.method == "POST":
+            return httpx.Response(200, json={"rsp_code": "00000"})
+        n = sum(r.method == "GET" for r in seen) - 1
+        return httpx.Response(200, content=json.dumps({"rsp_code": "00000", **bodies[n]}),
+                              headers={"content-type": "application/json"})
+
+    return handle, seen
+
+
+@pytest.mark.parametrize(("entries", "named"), [
+    ([{"account_num": "A\x00"}], "entry 0"),
+    ([{"account_num": "A1"}, {"account_num": "\ud800"}], "entry 1"),
+    ([{"account_num": "x" * 65}], "entry 0"),
+    ([{"account_num": ""}], "entry 0"),
+    ([{"account_num": {"num": 1}}], "entry 0"),
+    ([{"account_num": True}], "entry 0"),
+    ([{"account_num": 1.5}], "entry 0"),
+    ([{"other": "A1"}], "entry 0"),
+    (["A1"], "entry 0"),
+    ({"account_num": "A1"}, "not a list"),
+])
+async def test_a_list_page_whose_ids_cannot_be_read_is_the_providers_fault(
+        entries: object, named: str) -> None:
+    """An id goes into the provider's URL or body and into our database, where a NUL or a
+    lone surrogate makes PostgreSQL refuse the whole batch it rides in. A 00000 page with
+    an entry we cannot read is a provider fault (retried later), named and escaped in the
+    detail, and no detail call is made on what it held."""
+    handler, seen = _pages({"account_list": entries})
+    c, http = client(handler)
+    res = await c.refresh(access_token="tok-a", refresh_token=None)
+    await http.aclose()
+    out = res.outcome
+    assert out.kind is Kind.FAULT and out.action.value == "retry_later"
+    assert named in out.detail and out.detail.isprintable() and len(out.detail) < 120
+    assert res.progress is None and res.items == 0 and len(seen) == 1
+
+
+async def test_a_later_page_that_cannot_be_read_is_asked_again_at_its_cursor() -> None:
+    """Page 1 was a transfer: a later page the client cannot read (an entry, or its own
+    next_page cursor) keeps the items before it and that page's cursor, never page 1."""
+    for broken in ({"account_list": [{"account_num": "B\x00"}]},
+                   {"account_list": [{"account_num": "B1"}], "next_page": "p\x003"},
+                   {"account_list": [{"account_num": "B1"}], "next_page": "p" * 513},
+                   {"account_list": [{"account_num": "B1"}], "next_page": ["p3"]}):
+        handler, seen = _pages({"account_list": [{"account_num": "A1"}, {"account_num": 7}],
+                                "next_page": "p2"}, broken)
+        c, http = client(handler)
+        res = await c.refresh(access_token="tok-a", refresh_token=None)
+        await http.aclose()
+        assert res.outcome.kind is Kind.FAULT, broken
+        assert res.progress == Progress(("A1", "7"), "p2"), broken
+        assert [r.method for r in seen] == ["GET", "GET"]
+        assert "\x00" not in res.outcome.detail and res.outcome.detail.isprintable()
+
+
+async def test_an_id_in_a_detail_path_is_one_encoded_segment() -> None:
+    """A card's id goes into the detail path: one that holds '/', '?', '#', '..' or '%'
+    cannot reach another route or add a query; the simulator reads the same id back."""
+    insts = parse_institutions('''operator_org_code = "OPERATOR01"
+[[providers]]
+org_code = "CARD000001"
+industry = "card"
+base_url = "https://card.example"
+windows = ["0000:0600"]
+calls_per_second = 10
+max_concurrency = 2
+''')
+    odd = ["../../oauth/2.0/token", "a/b?limit=1#x", "50%", "카드 1"]
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path == "/v1/card/cards":
+            return httpx.Response(200, json={"rsp_code": "00000", "card_list": [
+                {"card_id": i} for i in odd]})
+        return httpx.Response(200, json={"rsp_code": "00000"})
+
+    http = make_http_client(transport=httpx.MockTransport(handle))
+    c = MydataClient(insts.providers[0], http=http, chain=PassThrough(),
+                     tran_ids=TranIdGenerator("OPERATOR01", node_id=1), clock=FakeClock())
+    res = await c.refresh(access_token="tok-a", refresh_token=None)
+    await http.aclose()
+    assert res.outcome.kind is Kind.SUCCESS
+    details = seen[1:]
+    paths = [r.url.raw_path.decode().partition("?")[0] for r in details]
+    assert paths == [
+        "/v1/card/cards/..%2F..%2Foauth%2F2.0%2Ftoken", "/v1/card/cards/a%2Fb%3Flimit%3D1%23x",
+        "/v1/card/cards/50%25", "/v1/card/cards/%EC%B9%B4%EB%93%9C%201"]
+    assert all(r.url.host == "card.example" and set(r.url.params) == {
+        "org_code", "search_timestamp"} for r in details)
+    assert [unquote(p.rpartition("/")[2]) for p in paths] == odd
 
 
 async def test_a_failed_detail_keeps_the_rest_and_a_resume_skips_the_list() -> None:

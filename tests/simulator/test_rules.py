@@ -143,3 +143,15 @@ async def test_card_list_and_detail_in_the_path_under_a_shared_port(
     assert s["CARD000001"]["by_route"] == {"GET /v1/card/cards": 1, "GET /v1/card/cards/{id}": 1}
     assert s["INVEST0001"]["transfers"] == 1
     assert s["CARD000001"]["transfers"] == 1
+
+
+async def test_a_card_id_in_the_path_is_read_back_decoded(start_sim: StartSim) -> None:
+    """The client sends an id as one percent-encoded segment (routes.detail_path); the
+    simulator decodes it after splitting the path as sent, so a '/' in it stays in the id."""
+    sim, c = await start_sim()
+    base = c.urls["CARD000001"]
+    det = await c.send("GET", f"{base}/v1/card/cards/a%2Fb%3F1%20%EC%B9%B4",
+                       headers=c.headers("tok-c"))
+    assert (det.body["rsp_code"], det.body["card_id"]) == ("00000", "a/b?1 카")
+    assert sim.stats()["providers"]["CARD000001"]["by_route"] == {
+        "GET /v1/card/cards/{id}": 1}
