@@ -26,7 +26,7 @@ from httpx_aiohttp import AiohttpTransport
 from batch.clock import Clock
 from batch.config import Provider
 from batch.errors import describe
-from batch.http_errors import TRANSPORT_ERRORS, transport_outcome
+from batch.http_errors import TRANSPORT_ERRORS, transport_outcome, transport_outcome_of_bug
 from batch.resilience.outcomes import (
     DEAD_ASSET_CODES,
     TOKEN_CODES,
@@ -272,6 +272,16 @@ class MydataClient:
                 await resp.aclose()
         except TRANSPORT_ERRORS as exc:
             return transport_outcome(exc, elapsed=self._clock.monotonic() - t0)
+        except Exception as exc:
+            # The HTTP stack's own bug, not a provider's answer and not our request (built
+            # above, before the send). Seen: aiohttp 3.14's ClientResponse.start with no
+            # headers, about once in 60,000 calls. The request may have left: the outcome
+            # is unknown (a failure for the breaker), and the refresh keeps its progress,
+            # where a crash would lose it and dead-letter the consent.
+            log.error("HTTP layer error", exc_info=True, extra={
+                "action": "http_layer_error", "org_code": self.provider.org_code,
+                "error": describe(exc)})
+            return transport_outcome_of_bug(exc, elapsed=self._clock.monotonic() - t0)
         return resp
 
     async def _call(

@@ -23,6 +23,9 @@ aiohttp error, the cause decides: only a failure to connect (``ClientConnectorEr
 refused, DNS, TLS, proxy; ``ConnectionTimeoutError``: connect or pool timeout) is
 NOT_SENT. A protocol error (``ClientResponseError``: a malformed answer) escapes
 httpx-aiohttp unmapped; it came after the request, so it is UNKNOWN.
+
+Any other exception out of the send is the HTTP stack's own bug (our request was built
+before it): UNKNOWN too (``transport_outcome_of_bug``), logged with its traceback.
 """
 
 from __future__ import annotations
@@ -114,3 +117,11 @@ def transport_outcome(exc: Exception, *, elapsed: float = 0.0) -> Outcome:
     if verdict is Sent.OUR_BUG:
         return Outcome(Kind.CLIENT, None, None, detail=detail, elapsed=elapsed)
     return timed_out(f"{detail}: outcome unknown", elapsed=elapsed)
+
+
+def transport_outcome_of_bug(exc: Exception, *, elapsed: float = 0.0) -> Outcome:
+    """The outcome of an attempt that the HTTP stack itself failed with ``exc``, an error
+    outside ``TRANSPORT_ERRORS`` raised after our request was built: it may have left, so
+    the outcome is unknown."""
+    return timed_out(f"HTTP layer error {type(exc).__name__}: outcome unknown",
+                     elapsed=elapsed)

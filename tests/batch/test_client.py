@@ -273,6 +273,33 @@ max_concurrency = 2
     assert [unquote(p.rpartition("/")[2]) for p in paths] == odd
 
 
+async def test_an_error_of_the_http_stack_itself_is_an_unknown_outcome_that_keeps_progress(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """aiohttp 3.14 once raised AttributeError reading an answer (its headers were None).
+    Out of the send, any exception is the HTTP stack's bug, after the request may have
+    left: the attempt's outcome is unknown, the refresh keeps what it read (page 2 again,
+    never page 1), and the error is logged with its traceback but no token."""
+    handler, seen = fleet(items=3)
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        if request.url.params.get("next_page") == "2":
+            seen.append(request)
+            raise AttributeError("'NoneType' object has no attribute 'getall'")
+        return handler(request)
+
+    c, http = client(flaky, page_limit=2)
+    with caplog.at_level("ERROR", logger="mydata.client"):
+        res = await c.refresh(access_token="tok-SECRET-1", refresh_token=None)
+    await http.aclose()
+    out = res.outcome
+    assert out.kind is Kind.TIMEOUT and out.action.value == "unknown" and out.is_failure
+    assert out.detail == "HTTP layer error AttributeError: outcome unknown"
+    assert res.progress == Progress(("A0", "A1"), "2") and len(seen) == 2
+    [record] = [r for r in caplog.records if getattr(r, "action", "") == "http_layer_error"]
+    assert record.exc_info is not None and "getall" in record.error
+    assert "tok-SECRET-1" not in caplog.text
+
+
 async def test_a_failed_detail_keeps_the_rest_and_a_resume_skips_the_list() -> None:
     handler, seen = fleet(items=3, fail_detail=frozenset({"A1"}))
     c, http = client(handler)
