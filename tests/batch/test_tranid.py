@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from batch.tranid import TRAN_ID_RE, TranIdGenerator, base62
@@ -28,3 +30,19 @@ def test_base62_is_fixed_width_and_rejects_overflow() -> None:
 def test_bad_operator_code_is_refused() -> None:
     with pytest.raises(ValueError):
         TranIdGenerator("SHORT")
+
+
+def test_each_id_is_the_node_and_the_counter_in_base62_across_the_kept_head() -> None:
+    """The generator keeps the counter's first seven characters between changes: its ids
+    are still exactly prefix + node + base62(counter, 9), in order, across each change
+    (every 3,844 ids) and at the last counter value that fits, after which it refuses."""
+    gen = TranIdGenerator("OPERATOR01", node_id=62**5 + 7)  # the node wraps
+    prefix = "OPERATOR01M" + base62(7, 5)
+    got = [gen() for _ in range(3 * 3844 + 5)]
+    assert got == [prefix + base62(n, 9) for n in range(len(got))]
+    last = 62**9 - 1
+    gen._counter = itertools.count(last - 3843 - 1)
+    tail = [gen() for _ in range(3845)]
+    assert tail == [prefix + base62(n, 9) for n in range(last - 3844, last + 1)]
+    with pytest.raises(ValueError):
+        gen()

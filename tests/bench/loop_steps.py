@@ -135,3 +135,43 @@ def loop_steps(threshold: float = 0.002) -> Iterator[StepLog]:
         asyncio.events.Handle._run = original  # type: ignore[method-assign]
         gc.callbacks.remove(on_gc)
         log.gc_seconds = in_gc[0]
+
+
+@dataclass
+class GcTally:
+    """The garbage collector's collections in a block, per generation: how many, their
+    time in all and the longest, and what they collected."""
+
+    count: list[int] = field(default_factory=lambda: [0, 0, 0])
+    seconds: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    longest: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    collected: list[int] = field(default_factory=lambda: [0, 0, 0])
+
+    def line(self) -> str:
+        return ", ".join(
+            f"gen{g} {self.count[g]:,} x {1000 * self.seconds[g] / max(1, self.count[g]):.2f}"
+            f" ms = {self.seconds[g]:.2f} s (longest {1000 * self.longest[g]:.0f} ms, "
+            f"{self.collected[g]:,} freed)" for g in range(3))
+
+
+@contextmanager
+def gc_tally() -> Iterator[GcTally]:
+    """Count and time every collection inside the block (cheap: one callback each)."""
+    tally = GcTally()
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+            return
+        g, took = info["generation"], time.perf_counter() - started[0]
+        tally.count[g] += 1
+        tally.seconds[g] += took
+        tally.longest[g] = max(tally.longest[g], took)
+        tally.collected[g] += info["collected"]
+
+    gc.callbacks.append(on_gc)
+    try:
+        yield tally
+    finally:
+        gc.callbacks.remove(on_gc)

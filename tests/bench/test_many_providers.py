@@ -8,8 +8,9 @@ worst provider's, and the median provider's), missed slices, planned vs done per
 provider-minute (done = outcomes ``done`` finishing in the minute), this process's CPU
 share (process time / wall time; 100% = one core), and database statements per second
 (every statement the run's engine sent, executemany counted once; commits apart), beside a
-bare 100 ms ticker in its own process at the same time (the noise floor). Goals: p99 < 5 ms,
-0 missed, planned vs done within 1% per provider-minute.
+bare 100 ms ticker in its own process at the same time (the noise floor), and the garbage
+collector's collections per generation during the run (count, time, longest). Goals: p99 <
+5 ms, 0 missed, planned vs done within 1% per provider-minute.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from batch.config import Institutions, load_institutions
 from batch.db import schema
 from batch.dispatch.runner import RunOptions, run_day
 from batch.simulator import SimulatorProcess
-from tests.bench.loop_steps import loop_steps
+from tests.bench.loop_steps import gc_tally, loop_steps
 from tests.bench.test_dispatch_throughput import (
     CALLS_PER_REFRESH,
     FIRST_MINUTE,
@@ -89,7 +90,8 @@ async def _run(url: str, insts: Institutions, plan: dict[int, int],
     try:
         clock = ScaledClock(1.0, start=datetime(2026, 11, 30, 0, 59, 57, tzinfo=KST))
         t0, c0 = time.monotonic(), time.process_time()
-        with loop_steps() if steps is not None else nullcontext() as probe:
+        with gc_tally() as collections, \
+                loop_steps() if steps is not None else nullcontext() as probe:
             res = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(
                 progress="none", lease=timedelta(minutes=10)), stream=io.StringIO(),
                 install_signals=False)
@@ -122,7 +124,7 @@ async def _run(url: str, insts: Institutions, plan: dict[int, int],
         "slices": sum(int(p["slices"]) for p in provs),
         "err_max": max(errs), "err_mean": statistics.fmean(errs),
         "off_by_more": sum(e > 0.01 for e in errs), "cells": len(errs),
-        "kinds": dict(kinds), **counts,
+        "kinds": dict(kinds), "gc": collections.line(), **counts,
     }
 
 
@@ -186,6 +188,8 @@ def test_three_hundred_providers_in_one_process(
         top = sorted(f["kinds"].items(), key=lambda kv: -kv[1])[:8]
         print(f"    {backend} statements/s by kind: "
               + ", ".join(f"{k} {n / f['wall']:.1f}" for k, n in top))
+    for backend, (f, _, _) in figures.items():
+        print(f"    {backend} garbage collections: {f['gc']}")
     for backend, lines in step_reports.items():  # BENCH_STEPS=1 (the probe slows it)
         if lines:
             print(f"    {backend}, " + "\n      ".join(lines))
