@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from typing import Any
 from urllib.parse import unquote
 
 import httpx
@@ -123,6 +124,34 @@ async def test_request_urls_parsed_once_are_the_urls_httpx_would_build() -> None
                                                            detail)] * 2
     assert seen[0].url == page1 and seen[0].url.params["limit"] == "2"
     assert sorted(map(str, c._urls.values())) == sorted(map(str, (page1, page2, detail)))
+
+
+@pytest.mark.parametrize(("method", "path", "content"), [
+    ("GET", "/v1/bank/accounts", {"params": {"org_code": "BANK000001", "limit": 500}}),
+    ("GET", "/v1/card/cards/C%2F1", {"params": {"org_code": "BANK000001"}}),
+    ("POST", "/v1/bank/accounts/deposit/basic", {"json": {
+        "org_code": "BANK000001", "account_num": "계좌-1 \"x\"", "search_timestamp": 0}}),
+    ("POST", "/v1/bank/accounts/deposit/basic", {}),
+    ("POST", "/oauth/2.0/token", {"data": {"grant_type": "refresh_token",
+                                           "refresh_token": "r 1&2"}}),
+])
+def test_a_request_is_the_one_httpx_would_build(
+        method: str, path: str, content: dict[str, Any]) -> None:
+    """The client builds its list and detail requests itself (a third of the time): the
+    method, URL, every header in httpx's order, the body and the timeouts are httpx's."""
+    c, _ = client(fleet()[0])
+    ours = c._request(method, path, "tok-a", "T" * 25, 9.5, **content)
+    params = content.get("params")
+    theirs = httpx.Request(
+        method, httpx.URL(c._base + path, params=params),
+        headers={"Authorization": "Bearer tok-a", "x-api-tran-id": "T" * 25,
+                 "x-api-type": "scheduled"},
+        json=content.get("json"), data=content.get("data"),
+        extensions={"timeout": httpx.Timeout(9.5, connect=min(
+            INSTS.providers[0].connect_timeout, 9.5)).as_dict()})
+    assert (ours.method, ours.url, ours.headers.raw, ours.content) == (
+        theirs.method, theirs.url, theirs.headers.raw, theirs.content)
+    assert ours.extensions == theirs.extensions
 
 
 def test_the_parsed_url_cache_stays_small_when_paths_churn() -> None:
