@@ -13,20 +13,25 @@ import pytest
 
 from batch.client import MydataClient, Progress, make_http_client
 from batch.clock import FakeClock
-from batch.config import parse_institutions
+from batch.config import Institutions, Provider, parse_institutions
 from batch.lifecycle import error_line
 from batch.resilience.outcomes import Kind, Layer, Outcome
 from batch.tranid import TRAN_ID_RE, TranIdGenerator
 
-INSTS = parse_institutions('''operator_org_code = "OPERATOR01"
+
+def _institutions(org_code: str, industry: str, base_url: str) -> Institutions:
+    return parse_institutions(f'''operator_org_code = "OPERATOR01"
 [[providers]]
-org_code = "BANK000001"
-industry = "bank"
-base_url = "http://127.0.0.1:9"
+org_code = "{org_code}"
+industry = "{industry}"
+base_url = "{base_url}"
 windows = ["0000:0600"]
 calls_per_second = 10
 max_concurrency = 2
 ''')
+
+
+INSTS = _institutions("BANK000001", "bank", "http://127.0.0.1:9")
 
 
 class PassThrough:
@@ -79,9 +84,10 @@ def fleet(items: int = 3, *, expired: frozenset[str] = frozenset(),
 
 
 def client(handler: Callable[[httpx.Request], httpx.Response], clock: FakeClock | None = None,
-           page_limit: int = 500) -> tuple[MydataClient, httpx.AsyncClient]:
+           page_limit: int = 500, provider: Provider = INSTS.providers[0],
+           ) -> tuple[MydataClient, httpx.AsyncClient]:
     http = make_http_client(transport=httpx.MockTransport(handler))
-    return MydataClient(INSTS.providers[0], http=http, chain=PassThrough(),
+    return MydataClient(provider, http=http, chain=PassThrough(),
                         tran_ids=TranIdGenerator("OPERATOR01", node_id=1),
                         clock=clock or FakeClock(), page_limit=page_limit), http
 
@@ -267,15 +273,7 @@ async def test_a_later_page_that_cannot_be_read_is_asked_again_at_its_cursor() -
 async def test_an_id_in_a_detail_path_is_one_encoded_segment() -> None:
     """A card's id goes into the detail path: one that holds '/', '?', '#', '..' or '%'
     cannot reach another route or add a query; the simulator reads the same id back."""
-    insts = parse_institutions('''operator_org_code = "OPERATOR01"
-[[providers]]
-org_code = "CARD000001"
-industry = "card"
-base_url = "https://card.example"
-windows = ["0000:0600"]
-calls_per_second = 10
-max_concurrency = 2
-''')
+    card = _institutions("CARD000001", "card", "https://card.example").providers[0]
     odd = ["../../oauth/2.0/token", "a/b?limit=1#x", "50%", "카드 1"]
     seen: list[httpx.Request] = []
 
@@ -286,9 +284,7 @@ max_concurrency = 2
                 {"card_id": i} for i in odd]})
         return httpx.Response(200, json={"rsp_code": "00000"})
 
-    http = make_http_client(transport=httpx.MockTransport(handle))
-    c = MydataClient(insts.providers[0], http=http, chain=PassThrough(),
-                     tran_ids=TranIdGenerator("OPERATOR01", node_id=1), clock=FakeClock())
+    c, http = client(handle, provider=card)
     res = await c.refresh(access_token="tok-a", refresh_token=None)
     await http.aclose()
     assert res.outcome.kind is Kind.SUCCESS
