@@ -498,8 +498,7 @@ def _rsp_code(data: Any) -> tuple[str | None, str | None]:
     outcome log, and a provider's NUL or a page of text in it would make the database
     refuse the whole batch of outcomes it rode in, again at every retry."""
     code = data.get("rsp_code") if isinstance(data, dict) else None
-    if code is None or (isinstance(code, str) and 0 < len(code) <= _MAX_CODE
-                        and code.isprintable()):
+    if code is None or _short_text(code, _MAX_CODE):
         return code, None
     return None, f"unreadable rsp_code {ascii(code)[:40]}"
 
@@ -516,9 +515,12 @@ def _readable(value: Any, longest: int) -> str | None:
     they ride in)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    if isinstance(value, str) and 0 < len(value) <= longest and value.isprintable():
-        return value
-    return None
+    return value if _short_text(value, longest) else None
+
+
+def _short_text(value: Any, longest: int) -> bool:
+    """A string of 1 to ``longest`` printable characters (no NUL, no lone surrogate)."""
+    return isinstance(value, str) and 0 < len(value) <= longest and value.isprintable()
 
 
 def _read_page(page: dict[str, Any], r: IndustryRoutes
