@@ -108,33 +108,25 @@ def loop_steps(threshold: float = 0.002) -> Iterator[StepLog]:
     """Time every event-loop callback run inside the block (any loop of this thread)."""
     log = StepLog(threshold)
     original = asyncio.events.Handle._run
-    in_gc = [0.0, 0.0]  # total, start of the current collection
-
-    def on_gc(phase: str, _info: dict[str, Any]) -> None:
-        if phase == "start":
-            in_gc[1] = time.perf_counter()
-        else:
-            in_gc[0] += time.perf_counter() - in_gc[1]
 
     def timed(self: asyncio.events.Handle) -> None:
         resumed = _innermost(self)
-        gc0 = in_gc[0]
+        gc0 = collections.total
         c0 = time.thread_time()
         t0 = time.perf_counter()
         original(self)
         wall = time.perf_counter() - t0
         if wall > threshold:
             log.add(f"{resumed} => {_chain(self)}", wall, time.thread_time() - c0,
-                    in_gc[0] - gc0)
+                    collections.total - gc0)
 
-    gc.callbacks.append(on_gc)
-    asyncio.events.Handle._run = timed  # type: ignore[method-assign]
-    try:
-        yield log
-    finally:
-        asyncio.events.Handle._run = original  # type: ignore[method-assign]
-        gc.callbacks.remove(on_gc)
-        log.gc_seconds = in_gc[0]
+    with gc_tally() as collections:
+        asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+        try:
+            yield log
+        finally:
+            asyncio.events.Handle._run = original  # type: ignore[method-assign]
+            log.gc_seconds = collections.total
 
 
 @dataclass
@@ -146,6 +138,7 @@ class GcTally:
     seconds: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     longest: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     collected: list[int] = field(default_factory=lambda: [0, 0, 0])
+    total: float = 0.0  # seconds, every generation
 
     def line(self) -> str:
         return ", ".join(
@@ -167,6 +160,7 @@ def gc_tally() -> Iterator[GcTally]:
         g, took = info["generation"], time.perf_counter() - started[0]
         tally.count[g] += 1
         tally.seconds[g] += took
+        tally.total += took
         tally.longest[g] = max(tally.longest[g], took)
         tally.collected[g] += info["collected"]
 
