@@ -137,6 +137,7 @@ class ProviderDispatcher:
         allowance: StartAllowance | None = None,
         max_in_flight: Callable[[], int] | None = None,
         phase: float = 0.0,
+        offset: float | None = None,
     ) -> None:
         self.org_code = org_code
         self._store = store
@@ -169,12 +170,17 @@ class ProviderDispatcher:
         self._rate = 0.0  # refreshes per second in the current minute, for the producer
         self._claiming = True
         self._nudge = asyncio.Event()  # wakes the producer when the rate changes
-        # Each provider's slices start at its own offset into the slice, so hundreds of
-        # providers in one process do not all wake at the same instant. Spread over the
-        # whole slice, not its first half: the starts' work queued up behind each other in
-        # that half (300 providers: the worst one's median lateness 8.9 -> 4.1 ms, every
-        # tick's 3.8 -> 1.2 ms; tests/bench/test_many_providers.py).
-        self._phase = zlib.crc32(org_code.encode()) % 1000 / 1000 * SLICE_SECONDS
+        # Each provider's slices start at its own offset into the slice (``offset``, a
+        # fraction of it; the run gives the i-th provider frac(i * golden ratio), else a
+        # hash of the org code), so hundreds of providers in one process do not all wake at
+        # once. Spread over the whole slice, not its first half: the starts' work queued up
+        # behind each other in that half (300 providers: the worst one's median lateness
+        # 8.9 -> 4.1 ms, every tick's 3.8 -> 1.2 ms; tests/bench/test_many_providers.py).
+        if offset is None:
+            offset = zlib.crc32(org_code.encode()) % 1000 / 1000
+        if not 0.0 <= offset < 1.0:
+            raise ValueError("offset must be in [0, 1)")
+        self._offset = offset * SLICE_SECONDS
         #: where along the carried fraction this provider's starts fall, in [0, 1) (see
         #: slice_counts and the module's docstring); the run gives provider i of N i/N
         if not 0.0 <= phase < 1.0:
@@ -358,7 +364,7 @@ class ProviderDispatcher:
                 check = topup and k > 0 and k % TOPUP_SLICES == 0
                 if not counts[k] and not owed and not check:
                     continue  # nothing to start in this slice: no wake-up at all
-                deadline = t0 + self._phase + (k0 + k) * SLICE_SECONDS
+                deadline = t0 + self._offset + (k0 + k) * SLICE_SECONDS
                 while (deadline - self._clock.monotonic() > STOP_CHECK_SECONDS
                        and not stop.is_set()):
                     # a long gap (a slow provider): still see a stop within a second

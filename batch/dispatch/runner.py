@@ -42,6 +42,7 @@ from batch.db.nodes import register_node
 from batch.db.runlock import plan_lock
 from batch.db.tokens import check_tokens
 from batch.dispatch import progress
+from batch.dispatch.pacing import slice_offset
 from batch.dispatch.policy import RetryPolicy
 from batch.dispatch.provider import DispatchSettings, ProviderDispatcher
 from batch.dispatch.summary import ProviderSummary, RunSummary, format_summary
@@ -316,6 +317,7 @@ def build_pieces(inputs: RunInputs, plans: DayPlans, options: RunOptions, *,
             max_in_flight=_in_flight_cap(chain),
             # the i-th of N providers' starts fall i/N along the slices' carried fraction
             phase=index / len(inputs.providers),
+            offset=slice_offset(index),
         ))
     return Pieces(store, writer, http, dispatchers, chains, obs, inputs.node_id)
 

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batch.dispatch.pacing import minute_target, percentile, slice_counts
+from batch.dispatch.pacing import minute_target, percentile, slice_counts, slice_offset
 
 
 @given(st.integers(min_value=0, max_value=100_000))
@@ -31,6 +33,23 @@ def test_providers_at_phases_i_over_n_start_in_every_slice_evenly() -> None:
     assert sorted(firsts.values()) == [60] * 5
     # without a phase, all 300 would start in the same slices
     assert slice_counts(120, 600, 0.0).index(1) == 4
+
+
+def test_offsets_keep_apart_the_ticks_of_providers_that_share_slices() -> None:
+    # 300 providers at 2 refreshes/s, the i-th at phase i/300 and offset slice_offset(i):
+    # over the five slices' period (500 ms) no two ticks closer than 0.8 ms (evenly spaced
+    # would be 1.67 ms); a hash of the org code put 433 of 3,000 gaps under 0.3 ms.
+    ticks = sorted((slice_counts(120, 600, i / 300).index(1) % 5 + slice_offset(i)) * 100
+                   for i in range(300))
+    gaps = [b - a for a, b in itertools.pairwise(ticks)] + [ticks[0] + 500 - ticks[-1]]
+    assert min(gaps) > 0.8
+    # any run of consecutive providers is spread over the whole slice
+    for start in (0, 17, 240):
+        offs = sorted(slice_offset(i) for i in range(start, start + 60))
+        assert max(b - a for a, b in itertools.pairwise(offs)) < 3 / 60
+    assert all(0.0 <= slice_offset(i) < 1.0 for i in range(10_000))
+    with pytest.raises(ValueError, match="index"):
+        slice_offset(-1)
 
 
 def test_a_minute_of_1000_starts_one_or_two_per_slice_in_order() -> None:

@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Sequence
 from datetime import date, datetime, timedelta
 
+import pytest
+
 from batch.client import RefreshResult
 from batch.clock import KST, FakeClock
 from batch.db.memory import MemoryWorkStore
@@ -26,6 +28,7 @@ def _setup(n_consents: int, minutes: dict[int, int], *, quota: int | None = None
            refresh: object = None, breaker_open: object = None,
            start: datetime | None = None, store: MemoryWorkStore | None = None,
            max_in_flight: int | None = None, phase: float = 0.0,
+           offset: float | None = None,
            ) -> tuple[FakeClock, MemoryWorkStore,
                                                    ProviderDispatcher, OutcomeWriter,
                                                    list[tuple[float, int]]]:
@@ -46,7 +49,7 @@ def _setup(n_consents: int, minutes: dict[int, int], *, quota: int | None = None
         minutes=minutes, per_minute_cap=100_000,
         breaker_open=breaker_open or (lambda: False),  # type: ignore[arg-type]
         max_in_flight=None if max_in_flight is None else (lambda: max_in_flight),
-        phase=phase,
+        phase=phase, offset=offset,
     )
     return clock, store, d, writer, starts
 
@@ -358,8 +361,19 @@ async def test_a_providers_phase_places_its_starts_not_their_count() -> None:
         assert len(starts) == 240 and d.stats.missed_slices == 0
         assert [m.started for m in d.stats.minutes] == [120, 120]
         # the first minute's slices, one in five (the second ends its window: 50 s of slices)
-        runs[phase] = {round((t - 60.0 - d._phase) * 10) % 5 for t, _ in starts if t < 120}
+        runs[phase] = {round((t - 60.0 - d._offset) * 10) % 5 for t, _ in starts if t < 120}
     assert runs[0.0] == {4} and runs[0.5] == {2}
+
+
+async def test_a_providers_offset_places_its_ticks_in_the_slice() -> None:
+    # 01:00 -> 600 (one a slice): each start at the slice's start plus 0.25 of a slice
+    clock, _, d, writer, starts = _setup(600, {60: 600}, offset=0.25)
+    await _run(clock, d, writer, 200)
+    assert len(starts) == 600 and d.stats.missed_slices == 0
+    assert {round((t - 60.0) * 1000) % 100 for t, _ in starts} == {25}
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="offset"):
+            _setup(1, {60: 1}, offset=bad)
 
 
 async def test_a_slow_provider_ticks_only_its_starts_and_still_sees_a_stop() -> None:

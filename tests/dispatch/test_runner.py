@@ -17,6 +17,7 @@ from batch.clock import KST, FakeClock
 from batch.config import parse_institutions
 from batch.db import schema
 from batch.db.loaders import load_institutions
+from batch.dispatch.pacing import SLICE_SECONDS, slice_offset
 from batch.dispatch.runner import (
     DayPlans,
     RunInputs,
@@ -269,6 +270,29 @@ async def test_concurrency_caps_each_providers_bulkhead_below_its_max_concurrenc
     assert limits[500] == limits[None]  # a cap above the provider's limit changes nothing
     with pytest.raises(ValueError, match="concurrency"):
         _options(concurrency=0)
+
+
+async def test_build_gives_the_ith_of_n_providers_its_phase_and_slice_offset(
+    engine: AsyncEngine,
+) -> None:
+    toml = institutions_toml(free_ports(3), industries=("bank", "card", "invest"))
+    await populate(engine, parse_institutions(toml), per_provider=20, now=AFTER_WINDOW)
+    await save_plan(engine, await build_week_plan(engine, week_of=DAY, today=DAY,
+                                                  now=AFTER_WINDOW))
+    clock = FakeClock(AFTER_WINDOW)
+    inputs = await read_inputs(engine, cipher=CIPHER, clock=clock, options=_options())
+    plans = await ensure_plan(engine, inputs, _options())
+    pieces = build_pieces(inputs, plans, _options(), engine=engine, cipher=CIPHER,
+                          clock=clock, attempted_before={},
+                          http_factory=lambda n: httpx.AsyncClient())
+    try:
+        n = len(inputs.providers)
+        assert n == 3 and len(pieces.dispatchers) == n
+        for i, d in enumerate(pieces.dispatchers):
+            assert d._period_phase == i / n
+            assert d._offset == pytest.approx(slice_offset(i) * SLICE_SECONDS)
+    finally:
+        await pieces.http.aclose()
 
 
 async def _planned(engine: AsyncEngine) -> tuple[FakeClock, RunInputs, DayPlans]:
