@@ -321,7 +321,8 @@ async def build_week_plan(engine: AsyncEngine, *, week_of: date, today: date,
         for d in planned:
             lim = _on(limits[org], d, today, today_windows)
             fixed = attempted.get((org, d), 0) if d == today else 0
-            cap = len(window_minutes(lim, d, now)) * lim.per_minute_cap
+            cap = sum(minute_plan.minute_caps(window_minutes(lim, d, now),
+                                              lim.per_minute_cap))
             day_rows.append((org, d, forecast.get((org, d), 0.0)
                              + lim.calls_per_consent * fixed, cap, fixed))
     days_df = pd.DataFrame(day_rows, columns=["org_code", "date", "base_load", "capacity",
@@ -358,7 +359,8 @@ async def build_week_plan(engine: AsyncEngine, *, week_of: date, today: date,
         leveled["org_code"], leveled["date"], leveled["batch_quota"], leveled["unplaceable"],
         leveled["fixed"], leveled["capacity"], strict=True)}
     for org in orgs:
-        full_cap = len(day_minutes(limits[org].windows)) * limits[org].per_minute_cap
+        full_cap = sum(minute_plan.minute_caps(day_minutes(limits[org].windows),
+                                               limits[org].per_minute_cap))
         backlog_left = 0
         for d in week:
             lim = _on(limits[org], d, today, today_windows)
@@ -374,7 +376,9 @@ async def build_week_plan(engine: AsyncEngine, *, week_of: date, today: date,
                 overdue = min(new, backlog_left)
                 backlog_left -= overdue
                 if new:
-                    s = minute_plan.spread(new, window_minutes(lim, d, now), lim.per_minute_cap)
+                    mins = window_minutes(lim, d, now)
+                    s = minute_plan.spread(new, mins,
+                                           minute_plan.minute_caps(mins, lim.per_minute_cap))
                     s = s[s > 0]
                     minute_frames.append(pd.DataFrame({
                         "org_code": org, "date": d, "minute": s.index.to_numpy(),

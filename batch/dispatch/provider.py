@@ -58,6 +58,7 @@ from batch.dispatch.writer import OutcomeWriter
 from batch.errors import describe
 from batch.lifecycle import DeadLetter, NotAttempted, admit, decide, unsaved_tokens
 from batch.resilience.outcomes import Kind, Outcome
+from planning.minutes import FINISH_MARGIN_SECONDS
 
 log = logging.getLogger("mydata.dispatch")
 
@@ -97,7 +98,8 @@ class DispatchSettings:
     min_claim: int = 10
     idle_recheck: float = 5.0
     #: no refresh starts in a window's last seconds, so its calls end inside the window
-    finish_margin: float = 10.0
+    #: (the planner gives that minute only what fits before it: planning.minutes)
+    finish_margin: float = FINISH_MARGIN_SECONDS
 
     def __post_init__(self) -> None:
         if not self.worker_id:

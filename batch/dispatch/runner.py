@@ -66,7 +66,7 @@ from batch.resilience.outcomes import Kind, Outcome
 from batch.resilience.settings import ChainSettings
 from batch.tranid import TranIdGenerator
 from planning.calendar import week_start
-from planning.minutes import spread
+from planning.minutes import minute_caps, spread
 from planning.windows import Window, day_minutes
 
 if TYPE_CHECKING:  # cluster mode (batch/cluster/): imported only with --redis
@@ -251,7 +251,8 @@ def provider_minutes(plan: DayPlan | None, open_minutes: Sequence[int], *,
     if plan is None:
         return {}
     if override and plan.limits_key is None:
-        series = spread(plan.batch_quota, open_minutes, per_minute_cap)
+        series = spread(plan.batch_quota, open_minutes,
+                        minute_caps(open_minutes, per_minute_cap))
         return {int(m): int(t) for m, t in zip(series.index, series, strict=True) if t > 0}
     allowed = set(open_minutes)
     return {m: t for m, t in plan.minutes.items() if m in allowed}

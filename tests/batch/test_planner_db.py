@@ -17,6 +17,8 @@ from batch.db import schema
 from batch.db.engine import make_engine
 from batch.planner import build_week_plan, load_day_plan, save_plan
 from planning.calendar import KST
+from planning.minutes import minute_caps
+from planning.windows import day_minutes
 
 SUNDAY = date(2026, 11, 22)          # week 2026-11-22 .. 2026-11-28, payday Wed 25th
 SATURDAY = SUNDAY + timedelta(days=6)
@@ -76,7 +78,8 @@ async def test_week_plan_places_every_due_consent_inside_its_release_and_deadlin
     assert int(a["unplaceable"].sum()) == 0
     # Thursday's 70 cannot move earlier: Thu..Sat carry at least 70
     assert int(a.loc[SUNDAY + timedelta(4):, "batch_quota"].sum()) >= 70
-    assert int(a.loc[SUNDAY, "capacity"]) == 30 * 355   # 00:05..05:59 left at 00:05:00
+    # 00:05..05:59 left at 00:05:00: 355 minutes of 30, the last one (its start margin) 25
+    assert int(a.loc[SUNDAY, "capacity"]) == 354 * 30 + 25
     assert (a["total"] == a["forecast_user_calls"] + a["batch_calls"]).all()
     assert (a["batch_calls"] == 2 * a["batch_quota"]).all()
     # weekend user load is low: the batch leans on the weekend days
@@ -103,8 +106,10 @@ async def test_minute_plans_sum_to_each_days_quota_within_the_window(
         plans = plan.day_plans(day)
         for org, dp in plans.items():
             assert sum(dp.minutes.values()) == dp.batch_quota, (org, day)
-            cap = plan.limits[org].per_minute_cap
-            assert all(0 < t <= cap for t in dp.minutes.values())
+            lim = plan.limits[org]
+            mins = day_minutes(lim.windows)
+            cap = dict(zip(mins, minute_caps(mins, lim.per_minute_cap), strict=True))
+            assert all(0 < t <= cap[m] for m, t in dp.minutes.items())
     b = plan.day_plans(SUNDAY)["BANKBBBBBB"]
     assert set(b.minutes) == set(range(60, 90))
 
@@ -270,7 +275,9 @@ async def test_a_provider_with_nothing_due_gets_zero_quotas_and_no_minutes(
         await _institution(conn, "CARDCCCCCC", windows=["2300:0500"], cps=10.0)
     plan = await build_week_plan(engine, week_of=SUNDAY, today=SUNDAY, now=NOW_SUNDAY)
     assert plan.days["batch_quota"].tolist() == [0] * 7
-    assert plan.days["capacity"].tolist()[1:] == [200 * 360] * 6
+    # 23:00..04:59 at 200 a minute, the last minute of each segment (04:59, and 23:59 where
+    # the day's run ends) 166: no start in its last 10 s
+    assert plan.days["capacity"].tolist()[1:] == [358 * 200 + 2 * 166] * 6
     assert plan.minutes.empty
 
 

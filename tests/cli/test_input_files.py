@@ -76,7 +76,8 @@ def test_a_whole_day_window_loads_and_is_planned(tmp_path: Path, db_url: str) ->
     ok(cli("--db", db_url, "load", "institutions", str(path)))
     rows = json.loads(ok(cli("--db", db_url, "plan", "--format", "json")).stdout)
     card = [r for r in rows if r["org_code"] == "CARD000002" and r["planned"]]
-    assert {r["capacity"] for r in card[1:]} == {1440 * 100 * 60 // 3}
+    # 2,000 a minute; 23:59, where the day's run ends, 1,666 (no start in its last 10 s)
+    assert {r["capacity"] for r in card[1:]} == {1439 * 2000 + 1666}
 
 
 # --- item 9: the consents file is read by its header -----------------------------------------

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planning.minutes import hourly_weights, spread
+from planning.minutes import hourly_weights, minute_caps, spread
 from planning.windows import day_minutes, parse_windows
 
 
@@ -25,6 +25,45 @@ def test_spread_sums_exactly_and_respects_the_cap(quota: int, start: int, length
     assert int(s.sum()) == min(quota, cap * len(minutes))
     assert list(s.index) == minutes
     assert (s >= 0).all() and (s <= cap).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(quota=st.integers(0, 20_000), caps=st.lists(st.integers(0, 60), max_size=300),
+       weighted=st.booleans(), data=st.data())
+def test_spread_respects_each_minutes_own_cap(quota: int, caps: list[int], weighted: bool,
+                                              data: st.DataObject) -> None:
+    minutes = list(range(100, 100 + len(caps)))
+    weights = None
+    if weighted:
+        weights = data.draw(st.lists(st.floats(0, 1e6), min_size=len(caps),
+                                     max_size=len(caps)))
+    s = spread(quota, minutes, caps, weights)
+    assert int(s.sum()) == min(quota, sum(caps))
+    assert all(0 <= t <= c for t, c in zip(s.tolist(), caps, strict=True))
+
+
+def test_tiny_weights_spread_like_any_other_scale() -> None:
+    # a subnormal user load made 1 / (weight + mean) infinite and the plan garbage
+    tiny = spread(7, [100, 101, 102], 5, [2.2e-311, 0.0, 4.4e-311])
+    assert tiny.tolist() == spread(7, [100, 101, 102], 5, [2.0, 0.0, 4.0]).tolist()
+    assert int(spread(1, [100], [1], [2.2e-311]).sum()) == 1
+
+
+def test_the_last_minute_of_each_segment_holds_only_what_starts_before_its_margin() -> None:
+    # 01:00-01:02 and 23:58-23:59 (the day's run ends at midnight): 1,400 a minute, the
+    # segments' last minutes (01:02, 23:59) 1,166 = what 50 s hold
+    mins = [60, 61, 62, 1438, 1439]
+    assert minute_caps(mins, 1400) == [1400, 1400, 1166, 1400, 1166]
+    assert minute_caps(mins, 1400, finish_margin=0) == [1400] * 5
+    assert minute_caps([0, 5], 1) == [1, 1]       # one a minute is no rate to squeeze
+    assert minute_caps([0], 0) == [0]
+    # at the cap the plan fills the short minutes only to their own cap
+    s = spread(10_000, mins, minute_caps(mins, 1400))
+    assert s.tolist() == [1400, 1400, 1166, 1400, 1166]
+    with pytest.raises(ValueError, match="finish_margin"):
+        minute_caps(mins, 10, finish_margin=60)
+    with pytest.raises(ValueError, match="caps given"):
+        spread(5, [0, 1], [5])
 
 
 def test_even_spread_differs_by_at_most_one_and_spreads_the_remainder() -> None:
