@@ -223,6 +223,13 @@ CREATE TEMP TABLE consents_stage (
 _FIRST_DUPLICATE = """
 SELECT user_id, org_code, MIN(line), MAX(line) FROM consents_stage
 GROUP BY user_id, org_code HAVING COUNT(*) > 1 ORDER BY MAX(line) LIMIT 1"""
+# New consents go in in the order the dispatcher claims them (a provider's, by due week, in
+# the file's order): ids are given in that order and the table is written in it, so a claim's
+# rows sit together on a few pages instead of one page each. Measured on 10,000,000 consents
+# (tests/bench/test_claim_query.py): a 700-row claim on rows scattered in a mixed file's
+# order wrote some 270 full-page images to the WAL (its first change to each page since the
+# checkpoint), p99 38 ms at the producer's cadence; in this order (and the fillfactor of
+# sql/010_claim_locality.sql) some 60, p99 17 ms.
 # A re-load never moves a consent's schedule backwards: the batch may have fetched it since
 # the file was written. A dead or revoked consent comes back only with a newer consent.
 # ``WHERE true`` keeps SQLite from reading ON CONFLICT as a join clause.
@@ -233,6 +240,7 @@ INSERT INTO consents (user_id, org_code, access_token, refresh_token, consented_
 SELECT user_id, org_code, access_token, refresh_token, {consented_at}, {last_scheduled_at},
        'active', due_week, {not_before}, 0, 0, :now
 FROM consents_stage WHERE true
+ORDER BY org_code, due_week, line
 ON CONFLICT (user_id, org_code) DO UPDATE SET
     access_token = CASE WHEN consents.status = 'revoked'
                          AND excluded.consented_at <= consents.consented_at

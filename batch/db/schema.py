@@ -291,4 +291,4 @@ circuit_events = Table(
 )
 Index("circuit_events_org_idx", circuit_events.c.org_code, circuit_events.c.at)
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10

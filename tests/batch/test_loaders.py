@@ -157,6 +157,41 @@ async def test_due_week_matches_next_due_week_for_every_row(engine: AsyncEngine,
                                               r["consented_at"])  # type: ignore[arg-type]
 
 
+async def test_new_consents_are_written_in_the_order_they_are_claimed(
+        engine: AsyncEngine, tmp_path: Path) -> None:
+    """A file that mixes providers is inserted provider by provider, by due week, in the
+    file's order: ids (and, on PostgreSQL, the rows' places in the table) follow the claim's
+    keyset order, so a claim's rows share pages instead of taking one page each."""
+    await _with_institutions(engine)
+    lines, expected = [HEADER], []
+    for i in range(60):
+        org = ("BANK000001", "CARD000002")[i % 2 if i < 40 else 0]
+        consented = "2026-02-01T10:00:00" if i % 3 == 0 else "2026-01-01T00:00:00"
+        last = "" if i % 3 == 0 else "2026-11-18T03:00:00"  # backlog: due 2026-02-01
+        lines.append(f"u{i},{org},t{i},{consented},{last},\n")
+        expected.append((org, date(2026, 2, 1) if i % 3 == 0 else date(2026, 11, 22), i))
+    await load_consents(engine, _write(tmp_path, "c.csv", "".join(lines)), now=NOW,
+                        cipher=CIPHER)
+    async with engine.connect() as conn:
+        got = [(str(r.org_code).strip(), r.due_week if isinstance(r.due_week, date)
+                else date.fromisoformat(r.due_week), int(r.user_id[1:]))
+               for r in await conn.execute(select(consents).order_by(consents.c.id))]
+        if engine.dialect.name == "postgresql":
+            by_place = [int(r[0][1:]) for r in await conn.exec_driver_sql(
+                "SELECT user_id FROM consents ORDER BY ctid")]
+            assert by_place == [u for _, _, u in got]
+    assert got == sorted(expected)
+    # a later file's new consents follow, in the same order among themselves
+    more = HEADER + "".join(f"v{i},{('CARD000002', 'BANK000001')[i % 2]},t,"
+                            "2026-01-01T00:00:00,2026-11-18T03:00:00,\n" for i in range(6))
+    await load_consents(engine, _write(tmp_path, "d.csv", more), now=NOW, cipher=CIPHER)
+    async with engine.connect() as conn:
+        tail = [(str(r.org_code).strip(), r.user_id) for r in await conn.execute(
+            select(consents).order_by(consents.c.id).offset(60))]
+    assert tail == [("BANK000001", "v1"), ("BANK000001", "v3"), ("BANK000001", "v5"),
+                    ("CARD000002", "v0"), ("CARD000002", "v2"), ("CARD000002", "v4")]
+
+
 async def test_reloading_consents_upserts_tokens_without_duplicating(engine: AsyncEngine,
                                                                      tmp_path: Path) -> None:
     await _with_institutions(engine)

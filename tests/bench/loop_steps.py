@@ -139,6 +139,8 @@ class GcTally:
     longest: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     collected: list[int] = field(default_factory=lambda: [0, 0, 0])
     total: float = 0.0  # seconds, every generation
+    #: (monotonic start, seconds) of every collection over 10 ms, to set beside late ticks
+    long_ones: list[tuple[float, float]] = field(default_factory=list)
 
     def line(self) -> str:
         return ", ".join(
@@ -163,6 +165,8 @@ def gc_tally() -> Iterator[GcTally]:
         tally.total += took
         tally.longest[g] = max(tally.longest[g], took)
         tally.collected[g] += info["collected"]
+        if took > 0.01:
+            tally.long_ones.append((started[0], took))
 
     gc.callbacks.append(on_gc)
     try:

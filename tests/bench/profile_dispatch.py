@@ -4,7 +4,10 @@ Run: ``make profile`` (``PROFILE_BACKEND=sqlite|postgresql``, ``PROFILE_RATE`` p
 calls/s offered over the one-minute plan, ``PROFILE_TOP`` entries shown). The simulator runs
 in its own process (latency 0, one item per consent), exactly as in
 ``test_dispatch_throughput.py``; the client, the chain, the claims and the writes run here,
-under the profiler. Prints the top entries by own time and by cumulative time, and saves the
+under the profiler. ``PROFILE_PROVIDERS=300`` profiles the many-providers case instead
+(``test_many_providers.py``: that many providers, each planned at 2 refreshes/s for one
+minute, not saturated: where an unsaturated process's time goes). Prints the top
+entries by own time and by cumulative time, and saves the
 raw profile to ``PROFILE_OUT`` (default: a temporary directory; the path is printed;
 browse it with ``python -m pstats``).
 """
@@ -20,9 +23,11 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import defaultdict
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import batch
 from batch.clock import KST, ScaledClock
 from batch.config import load_institutions
 from batch.dispatch.runner import RunOptions, run_day
@@ -34,15 +39,16 @@ from tests.bench.test_dispatch_throughput import (
     _institutions_toml,
     _prepare,
 )
+from tests.bench.test_many_providers import PORTS, REFRESHES_PER_SECOND
+from tests.bench.test_many_providers import _institutions_toml as many_toml
 from tests.conftest import PG_ADMIN_URL, _admin
 from tests.integration.helpers import free_ports
 from tests.sealing import CIPHER
 
 
-async def _profiled_run(url: str, insts_path: Path, rate: float) -> tuple[pstats.Stats, float,
-                                                                          int]:
+async def _profiled_run(url: str, insts_path: Path, per_provider: int
+                        ) -> tuple[pstats.Stats, float, int]:
     insts = load_institutions(insts_path)
-    per_provider = int(rate * 60 / CALLS_PER_REFRESH / PROVIDERS)
     engine = await _prepare(url, insts, {FIRST_MINUTE: per_provider})
     clock = ScaledClock(1.0, start=datetime(2026, 11, 30, 0, 59, 57, tzinfo=KST))
     prof = cProfile.Profile()
@@ -59,13 +65,49 @@ async def _profiled_run(url: str, insts_path: Path, rate: float) -> tuple[pstats
     return pstats.Stats(prof), time.monotonic() - t0, calls
 
 
+_OURS = str(Path(batch.__file__).resolve().parent) + os.sep
+
+
+def by_package(stats: pstats.Stats, top: int = 24) -> str:
+    """Own time summed per installed package, per module of ours (``batch/...``), per
+    builtin, and the standard library (asyncio apart): the lines the README quotes."""
+    own: dict[str, float] = defaultdict(float)
+    for (path, _, name), row in stats.stats.items():  # type: ignore[attr-defined]
+        tottime = row[2]
+        if "site-packages" + os.sep in path:
+            key = path.split("site-packages" + os.sep, 1)[1].split(os.sep, 1)[0]
+        elif path.startswith(_OURS):
+            key = "batch/" + path[len(_OURS):]
+        elif path == "~":
+            key = name
+        elif f"{os.sep}asyncio{os.sep}" in path:
+            key = "asyncio"
+        else:
+            key = "stdlib (other)"
+        own[key] += tottime
+    total = sum(own.values()) or 1.0
+    ours = sum(v for k, v in own.items() if k.startswith("batch/"))
+    lines = [f"own time by package: {total:.1f} s in all; our code (batch/) "
+             f"{ours:.1f} s = {ours / total:.1%}"]
+    for key, secs in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {secs:7.2f} s {secs / total:6.1%}  {key}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     backend = os.environ.get("PROFILE_BACKEND", "sqlite")
     rate = float(os.environ.get("PROFILE_RATE", "3000"))
     top = int(os.environ.get("PROFILE_TOP", "30"))
+    many = int(os.environ.get("PROFILE_PROVIDERS", "0"))
     tmp = Path(tempfile.mkdtemp(prefix="mydata-profile-"))
     path = tmp / "institutions.toml"
-    path.write_text(_institutions_toml(free_ports(PROVIDERS)))
+    if many:
+        path.write_text(many_toml(free_ports(PORTS), many))
+        per_provider = REFRESHES_PER_SECOND * 60
+        rate = many * per_provider * CALLS_PER_REFRESH / 60
+    else:
+        path.write_text(_institutions_toml(free_ports(PROVIDERS)))
+        per_provider = int(rate * 60 / CALLS_PER_REFRESH / PROVIDERS)
     scen = tmp / "scenario.toml"
     scen.write_text("[defaults]\nlatency_median_ms = 0\nitems_min = 1\nitems_max = 1\n")
     name = f"mydata_p_{uuid.uuid4().hex[:12]}"
@@ -76,14 +118,16 @@ def main() -> None:
         url = f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
     try:
         with SimulatorProcess(path, scenario_path=scen, window_override=["0000:2359"]):
-            stats, seconds, calls = asyncio.run(_profiled_run(url, path, rate))
+            stats, seconds, calls = asyncio.run(_profiled_run(url, path, per_provider))
     finally:
         if backend != "sqlite":
             asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     out = Path(os.environ.get("PROFILE_OUT", str(tmp / f"profile-{backend}.prof")))
     stats.dump_stats(out)
-    print(f"== cProfile of a saturated run_day on {backend}: {calls:,} calls in {seconds:.1f} s"
+    what = f"{many} providers' run_day" if many else "a saturated run_day"
+    print(f"== cProfile of {what} on {backend}: {calls:,} calls in {seconds:.1f} s"
           f" (offered {rate:g} calls/s; {os.getloadavg()[0]:.2f} load) -> {out} ==")
+    print(by_package(stats))
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats(top)
     sys.stdout.flush()

@@ -14,6 +14,17 @@ garbage collector as the dispatcher runs it (``frozen_heap``): without it, full 
 of the process's heap (60-80 ms each) made the p99. The claim reads each claimed consent's
 dead assets in the same statement. EXPLAIN (ANALYZE, BUFFERS) shows the plan uses
 ``consents_due_idx``. The database is dropped at the end.
+
+Two table layouts, one after the other, each in its own database, then side by side
+(``CLAIM_BENCH_LAYOUTS=scattered,provider``, the default): ``scattered``, ids in the order
+of a file that mixes every provider, written at fillfactor 85 (a table as version 9 left
+it: each claimed row on a page of its own), then the same table after ``mydata-batch db
+reorder`` (``reordered``; ``CLAIM_BENCH_REORDER=0`` skips it); and ``provider``, ids given
+provider by provider at the schema's fillfactor (50), the order in which ``mydata-batch
+load consents`` inserts a file's new consents (``batch/db/loaders.py``). A checkpoint
+comes before the paced claims, so each page they change is its first change since one (a
+consent is claimed once a week); a paced claim's full-page images and WAL bytes are printed
+(``pg_stat_wal``).
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from batch.clock import KST
 from batch.db import work
 from batch.db.engine import init_db, make_engine
+from batch.db.reorder import reorder_consents
 from batch.dispatch.pacing import percentile
 from batch.dispatch.runner import frozen_heap
 from planning.calendar import week_start
@@ -81,8 +93,27 @@ SELECT g, 'user' || g,
             WHEN r2 >= 0.33 AND r2 < 0.34 THEN TIMESTAMPTZ :now - interval '1 minute' END,
        CASE WHEN r2 >= 0.33 AND r2 < 0.34 THEN TIMESTAMPTZ :now - interval '11 minutes' END,
        TIMESTAMPTZ :now - interval '7 days'
-FROM (SELECT g, random() AS r1, random() AS r2 FROM generate_series(1, :rows) AS g) AS s
+FROM {source} AS s
 """
+_DRAWS = "(SELECT g, random() AS r1, random() AS r2 FROM generate_series(1, :rows) AS g)"
+#: Where each provider's rows sit in the table. ``scattered``: ids (and pages) in the order
+#: of a file whose rows mix every provider, written at fillfactor 85: a table as version 9
+#: left it (every claimed row on a page of its own); its run then goes on with ``db reorder``
+#: (``batch/db/reorder.py``) on the same table and the same measurements again
+#: (``reordered``). ``provider``: ids given, and rows written, provider by provider, at the
+#: schema's fillfactor (50), as ``mydata-batch load consents`` inserts a file's new consents
+#: now; within a provider the states stay mixed in id order (a table weeks into use).
+LAYOUTS: dict[str, tuple[str, int | None]] = {
+    "scattered": (_DRAWS, 85),
+    "provider": ("(SELECT row_number() OVER (ORDER BY least(299, floor(300 * r1 * r1 * r1)),"
+                 f" g) AS g, r1, r2 FROM {_DRAWS} AS t ORDER BY 1)", None),
+}
+#: the fillfactor the rows are written at, for every layout (0: each layout's own)
+FILLFACTOR = int(os.environ.get("CLAIM_BENCH_FILLFACTOR", "0"))
+#: ``scattered``'s table rewritten by ``db reorder`` and measured again (0: not)
+REORDER = os.environ.get("CLAIM_BENCH_REORDER", "1") != "0"
+CHOSEN = [x for x in os.environ.get("CLAIM_BENCH_LAYOUTS", "scattered,provider").split(",")
+          if x]
 
 #: the same claim without the keyset cursor: every call re-scans the provider's rows from
 #: the start and skips the ones already leased by the lease filter
@@ -93,11 +124,13 @@ _NAIVE = text(work._PG_CLAIM.text.replace(
 )).bindparams(*work._PG_CLAIM._bindparams.values())
 
 
-async def _generate(engine: AsyncEngine) -> dict[str, float]:
+async def _generate(engine: AsyncEngine, layout: str) -> dict[str, float]:
     """Fill the table; returns seconds per step."""
     steps: dict[str, float] = {}
     lit = {"now": f"'{NOW.isoformat()}'", "wk": f"'{WEEK.isoformat()}'", "rows": str(ROWS)}
-    sql = _GENERATE
+    source, fillfactor = LAYOUTS[layout]
+    fillfactor = FILLFACTOR or fillfactor
+    sql = _GENERATE.replace("{source}", source)
     for k, v in lit.items():
         sql = sql.replace(f":{k}", v)
     async with engine.begin() as conn:
@@ -113,6 +146,8 @@ async def _generate(engine: AsyncEngine) -> dict[str, float]:
             "ALTER TABLE consents DROP CONSTRAINT consents_org_code_fkey, "
             "DROP CONSTRAINT consents_user_id_org_code_key")
         await conn.exec_driver_sql("DROP INDEX consents_due_idx")
+        if fillfactor:  # the rows are written at it; db init of this version sets 50 after
+            await conn.exec_driver_sql(f"ALTER TABLE consents SET (fillfactor = {fillfactor})")
     t = time.perf_counter()
     async with engine.begin() as conn:
         await conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
@@ -182,12 +217,16 @@ async def _walk(engine: AsyncEngine, *, keyset: bool
     return out, cursor
 
 
-async def _paced(engine: AsyncEngine, cursor: work.Cursor) -> list[float]:
+async def _paced(engine: AsyncEngine, cursor: work.Cursor
+                 ) -> tuple[list[float], dict[str, float]]:
     """Seconds per 700-row claim, one claim a second as the producer makes them (the walk
     above makes some 80 a second: 56,000 rows a second, not 700). It starts where the walks
     above ended, on rows no claim has touched since the last checkpoint, as a real
-    minute's are: each page a claim dirties first writes its full image to the WAL."""
+    minute's are: each page a claim dirties first writes its full image to the WAL. Also the
+    WAL per claim (``pg_stat_wal``, read before and after the whole run: this bench is the
+    server's only writer)."""
     times = []
+    wal0 = await _wal(engine)
     nxt = time.monotonic()
     for _ in range(PACED_CLAIMS):
         nxt += PACED_INTERVAL
@@ -198,7 +237,15 @@ async def _paced(engine: AsyncEngine, cursor: work.Cursor) -> list[float]:
         assert len(got) == PACED_CHUNK
         cursor = got[-1].cursor
         await asyncio.sleep(max(0.0, nxt - time.monotonic()))
-    return times
+    wal1 = await _wal(engine)
+    return times, {k: (wal1[k] - wal0[k]) / PACED_CLAIMS for k in wal0}
+
+
+async def _wal(engine: AsyncEngine) -> dict[str, float]:
+    async with engine.connect() as conn:
+        r = (await conn.execute(text(
+            "SELECT wal_fpi AS fpi, wal_bytes AS bytes FROM pg_stat_wal"))).one()
+    return {"fpi": float(r.fpi), "bytes": float(r.bytes)}
 
 
 async def _explain(engine: AsyncEngine, stmt: object, cursor: work.Cursor,
@@ -231,19 +278,31 @@ def _pcts(times: Sequence[float]) -> tuple[float, float, float]:
     return percentile(s, 50) * 1e3, percentile(s, 99) * 1e3, s[-1] * 1e3
 
 
-async def _bench(url: str) -> None:
+async def _bench(url: str, layout: str) -> dict[str, dict[str, float]]:
+    """One layout's run (and for ``scattered``, the same after ``db reorder``), printed;
+    the headline figures of each (ms, WAL per paced claim)."""
     engine = make_engine(url)
+    out: dict[str, dict[str, float]] = {}
     try:
         await init_db(engine)
         t0 = time.perf_counter()
-        steps = await _generate(engine)
+        steps = await _generate(engine, layout)
         gen = time.perf_counter() - t0
+        await init_db(engine)  # as an upgrade's `db init`: the schema's fillfactor from now on
         counts = await _counts(engine)
         with frozen_heap():  # the collector as the dispatcher runs: claims timed as it sees them
             figures = await _timed(engine)
+        out[layout] = _print(layout, counts, steps, gen, *figures)
+        if layout == "scattered" and REORDER:
+            done = await reorder_consents(engine, lock_timeout=60)
+            steps = {"db reorder": done.seconds}
+            counts = await _counts(engine)
+            with frozen_heap():
+                figures = await _timed(engine)
+            out["reordered"] = _print("reordered", counts, steps, done.seconds, *figures)
     finally:
         await engine.dispose()
-    _print(counts, steps, gen, *figures)
+    return out
 
 
 async def _timed(engine: AsyncEngine) -> tuple[Any, ...]:
@@ -254,19 +313,24 @@ async def _timed(engine: AsyncEngine) -> tuple[Any, ...]:
     mid = await work.claim(engine, BIG, worker=WORKER, week=WEEK, now=NOW, limit=1)
     plan = await _explain(engine, work._PG_CLAIM, mid[0].cursor, 700)
     await _reset(engine)
-    paced = await _paced(engine, end)
+    async with engine.connect() as conn:  # every page a paced claim changes: its first since
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        await conn.exec_driver_sql("CHECKPOINT")
+    paced, wal = await _paced(engine, end)
     await _reset(engine)
     naive, _ = await _walk(engine, keyset=False)
     naive_plan = await _explain(engine, _NAIVE, work.START, 700)
     await _reset(engine)
-    return keyset, naive, paced, mid[0].cursor, plan, naive_plan
+    return keyset, naive, paced, wal, mid[0].cursor, plan, naive_plan
 
 
-def _print(counts: dict[str, int], steps: dict[str, float], gen: float,
+def _print(layout: str, counts: dict[str, int], steps: dict[str, float], gen: float,
            keyset: dict[int, list[float]], naive: dict[int, list[float]], paced: list[float],
-           mid: work.Cursor, plan: list[str], naive_plan: list[str]) -> None:
-    print(f"\n== claim query on {counts['total']:,} consents, {counts['providers']} providers,"
-          f" {counts['bytes'] / 2**30:.2f} GiB with indexes; generated in {gen:.0f} s ("
+           wal: dict[str, float], mid: work.Cursor, plan: list[str], naive_plan: list[str]
+           ) -> dict[str, float]:
+    print(f"\n== claim query, {layout} layout, on {counts['total']:,} consents, "
+          f"{counts['providers']} providers,"
+          f" {counts['bytes'] / 2**30:.2f} GiB with indexes; made in {gen:.0f} s ("
           + ", ".join(f"{k} {v:.0f} s" for k, v in steps.items()) + ") ==")
     print(f"walking {BIG} ({counts['big']:,} consents, {counts['big_claimable']:,} claimable "
           f"now), {CLAIMS_PER_CHUNK} claims per chunk size back to back, each call a "
@@ -286,6 +350,7 @@ def _print(counts: dict[str, int], steps: dict[str, float], gen: float,
           f"{PACED_CLAIMS} claims, on rows not claimed before): p50 {p50:.2f}  p99 "
           f"{p99:.2f}  max {pmax:.2f} ms   goal: p99 < 20 ms. The back-to-back walk above "
           f"makes some {1 / statistics.median(keyset[PACED_CHUNK]):.0f} claims a second.")
+    print(f"WAL a paced claim: {wal['fpi']:.0f} full-page images, {wal['bytes'] / 2**20:.2f} MiB")
     print(f"\nEXPLAIN (ANALYZE, BUFFERS) of the claim, 700 rows, cursor at {mid}:")
     print("\n".join("    " + line for line in plan))
     print("\nEXPLAIN (ANALYZE, BUFFERS) of the no-cursor baseline after the walk (700 rows):")
@@ -295,17 +360,34 @@ def _print(counts: dict[str, int], steps: dict[str, float], gen: float,
     for n in CHUNKS:
         assert len(keyset[n]) == CLAIMS_PER_CHUNK
     assert len(paced) == PACED_CLAIMS
+    return {"paced p50": p50, "paced p99": p99, "walk 700 p99": _pcts(keyset[PACED_CHUNK])[1],
+            "fpi": wal["fpi"], "wal MiB": wal["bytes"] / 2**20}
 
 
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(3600)
 def test_claim_query_on_ten_million_consents() -> None:
-    name = f"mydata_claim_{uuid.uuid4().hex[:10]}"
-    try:
-        asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:
-        pytest.skip(f"PostgreSQL unavailable: {exc}")
-    try:
-        asyncio.run(_bench(f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"))
-    finally:
-        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
+    assert set(CHOSEN) <= set(LAYOUTS), f"CLAIM_BENCH_LAYOUTS: one of {sorted(LAYOUTS)}"
+    found: dict[str, dict[str, float]] = {}
+    for layout in CHOSEN:  # one database at a time: each is some 3.5 GB
+        name = f"mydata_claim_{uuid.uuid4().hex[:10]}"
+        try:
+            asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+        except Exception as exc:
+            pytest.skip(f"PostgreSQL unavailable: {exc}")
+        try:
+            found.update(asyncio.run(_bench(f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}",
+                                            layout)))
+        finally:
+            asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    print(f"\n== {PACED_CHUNK}-row claims, the layouts side by side (ms; WAL a paced claim) ==")
+    keys = ["paced p50", "paced p99", "walk 700 p99", "fpi", "wal MiB"]
+    print(f"{'layout':>10} | " + " ".join(f"{k:>12}" for k in keys))
+    for layout, f in found.items():
+        print(f"{layout:>10} | " + " ".join(f"{f[k]:>12.2f}" for k in keys))
+    if "scattered" in found:
+        a = found["scattered"]
+        for other in ("reordered", "provider"):
+            if other in found:
+                b = found[other]
+                print(f"{other} / scattered: paced p99 {b['paced p99'] / a['paced p99']:.2f}x,"
+                      f" full-page images {b['fpi'] / max(a['fpi'], 1):.2f}x")
