@@ -11,8 +11,12 @@ provider-minute (done = outcomes ``done`` finishing in the minute), this process
 share (process time / wall time; 100% = one core), and database statements per second
 (every statement the run's engine sent, executemany counted once; commits apart), beside a
 bare 100 ms ticker in its own process at the same time (the noise floor), and the garbage
-collector's collections per generation during the run (count, time, longest). Goals: p99 <
-5 ms, 0 missed, planned vs done within 1% per provider-minute.
+collector's collections per generation during the run (count, time, longest). Also where
+the ticks later than 5 ms fall (how many 100 ms windows of the run hold them, and how many
+were due during a collection over 10 ms: global stalls against scattered preemption), and
+the simulator's share of a core (``MANY_BENCH_SIM_NICE`` runs it at that niceness: it
+stands for the providers' own machines, which do not share this one's two cores). Goals:
+p99 < 5 ms, 0 missed, planned vs done within 1% per provider-minute.
 """
 
 from __future__ import annotations
