@@ -228,8 +228,8 @@ GROUP BY user_id, org_code HAVING COUNT(*) > 1 ORDER BY MAX(line) LIMIT 1"""
 # rows sit together on a few pages instead of one page each. Measured on 10,000,000 consents
 # (tests/bench/test_claim_query.py): a 700-row claim on rows scattered in a mixed file's
 # order wrote some 270 full-page images to the WAL (its first change to each page since the
-# checkpoint), p99 38 ms at the producer's cadence; in this order (and the fillfactor of
-# sql/010_claim_locality.sql) some 60, p99 17 ms.
+# checkpoint), p50 15.5-16 ms at the producer's cadence; in this order (and the fillfactor
+# of sql/010_claim_locality.sql) some 60, p50 11.5-14 ms (p99 17-21 ms, two runs).
 # A re-load never moves a consent's schedule backwards: the batch may have fetched it since
 # the file was written. A dead or revoked consent comes back only with a newer consent.
 # ``WHERE true`` keeps SQLite from reading ON CONFLICT as a join clause.
