@@ -105,6 +105,17 @@ async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
 
 
 @pytest.fixture
+async def pg(pg_url: str) -> AsyncIterator[AsyncEngine]:
+    """An engine on a freshly initialised PostgreSQL database (PostgreSQL-only tests)."""
+    eng = make_engine(pg_url)
+    await init_db(eng)
+    try:
+        yield eng
+    finally:
+        await eng.dispose()
+
+
+@pytest.fixture
 def redis_url() -> str:
     import redis
 

@@ -3,7 +3,6 @@ live-worker query on ``nodes`` by PostgreSQL's now()."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -17,20 +16,9 @@ from batch.cluster.circuit_events import live_workers, recent_events, transition
 from batch.cluster.circuit_redis import CircuitStore
 from batch.cluster.coordinator import Coordinator
 from batch.db import schema
-from batch.db.engine import init_db, make_engine
 
 pytestmark = pytest.mark.integration
 ORG = "BANK000001"
-
-
-@pytest.fixture
-async def pg(pg_url: str) -> AsyncIterator[AsyncEngine]:
-    eng = make_engine(pg_url)
-    await init_db(eng)
-    try:
-        yield eng
-    finally:
-        await eng.dispose()
 
 
 async def test_coordinator_records_opens_and_closes_with_server_time(

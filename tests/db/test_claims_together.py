@@ -19,7 +19,8 @@ WEEK = date(2026, 11, 29)
 ORGS = ("BANK000001", "BANK000002", "BANK000003")
 
 
-async def _seed(engine: AsyncEngine, n: int) -> None:
+async def seed_interleaved(engine: AsyncEngine, n: int) -> None:
+    """Three providers, ``n`` consents due this week, their ids interleaved."""
     async with engine.begin() as conn:
         for org in ORGS:
             await conn.execute(insert(schema.institutions).values(
@@ -40,7 +41,7 @@ async def test_claims_of_many_providers_in_one_go_match_their_own_claims(
     engine: AsyncEngine, group: int, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(work, "SQLITE_PICK_GROUP", group)
-    await _seed(engine, 30)
+    await seed_interleaved(engine, 30)
     async with engine.begin() as conn:
         await conn.execute(insert(schema.dead_assets).values(
             consent_id=4, item_id="acct-x", since=NOW))
@@ -80,7 +81,7 @@ async def test_claims_of_many_providers_in_one_go_match_their_own_claims(
 
 
 async def test_start_marks_of_many_providers_in_one_statement(engine: AsyncEngine) -> None:
-    await _seed(engine, 6)
+    await seed_interleaved(engine, 6)
     store = work.SqlWorkStore(engine, CIPHER)
     claims = await work.claim(engine, ORGS[0], worker="w1", week=WEEK, now=NOW, limit=2)
     others = await work.claim(engine, ORGS[1], worker="w2", week=WEEK, now=NOW, limit=2)
@@ -110,7 +111,7 @@ async def test_a_claim_cancelled_while_its_turn_runs_gives_its_consents_back(
     """One provider's claim is cancelled (its run stopping) while the turn's statement is
     on its way: the others get theirs, and what was leased for it is released, not left
     leased to nobody until the lease ends."""
-    await _seed(engine, 12)
+    await seed_interleaved(engine, 12)
     store = work.SqlWorkStore(engine, CIPHER)
     kept = asyncio.create_task(store.claim(ORGS[0], worker="w1", week=WEEK, now=NOW, limit=2))
     dropped = asyncio.create_task(store.claim(ORGS[1], worker="w1", week=WEEK, now=NOW,
@@ -133,7 +134,7 @@ async def test_two_workers_claiming_side_by_side_never_lease_a_consent_twice(
     """Two workers (two engines, two connection pools) claim the same providers at the
     same moments, each walking its own keyset cursor: every consent is leased exactly
     once, and between them they lease every one."""
-    await _seed(engine, 300)
+    await seed_interleaved(engine, 300)
     other = make_engine(db_url)
     leased: dict[str, list[int]] = {"w1": [], "w2": []}
 

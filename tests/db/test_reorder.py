@@ -5,53 +5,29 @@ worker is alive, or when the table stays in use."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
-from sqlalchemy import insert, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from batch.db import schema, work
+from batch.db import work
 from batch.db.engine import init_db, make_engine
 from batch.db.nodes import register_node
 from batch.db.reorder import reorder_consents
 from batch.db.runlock import RunLocked, run_lock
 from batch.errors import InputError
 from tests.cli.console import cli, ok, refused
-from tests.sealing import seal
-
-NOW = datetime(2026, 11, 30, 1, 0, tzinfo=UTC)
-WEEK = date(2026, 11, 29)
-ORGS = ("BANK000001", "BANK000002", "BANK000003")
-
-
-@pytest.fixture
-async def pg(pg_url: str) -> AsyncIterator[AsyncEngine]:
-    eng = make_engine(pg_url)
-    await init_db(eng)
-    try:
-        yield eng
-    finally:
-        await eng.dispose()
+from tests.db.test_claims_together import NOW, ORGS, WEEK, seed_interleaved
 
 
 async def _seed(engine: AsyncEngine, n: int) -> None:
     """Providers interleaved id by id (a file that mixed them, loaded before version 10),
     two due weeks, a dead asset on some."""
+    await seed_interleaved(engine, n)
     async with engine.begin() as conn:
-        for org in ORGS:
-            await conn.execute(insert(schema.institutions).values(
-                org_code=org, industry="bank", base_url="http://127.0.0.1:1",
-                windows='["0000:2400"]', calls_per_second=10, max_concurrency=5,
-                updated_at=NOW))
-        await conn.execute(insert(schema.consents), [
-            {"user_id": f"u{i}", "org_code": ORGS[i % len(ORGS)],
-             "access_token": seal(f"tok-{i}", ORGS[i % len(ORGS)], f"u{i}"),
-             "consented_at": NOW - timedelta(days=30),
-             "due_week": WEEK - timedelta(days=7 * (i % 5 == 0)),
-             "not_before": NOW - timedelta(days=30), "updated_at": NOW}
-            for i in range(n)])
+        await conn.execute(text("UPDATE consents SET due_week = :wk WHERE id % 5 = 0"),
+                           {"wk": WEEK - timedelta(days=7)})
         await conn.execute(text(
             "INSERT INTO dead_assets (consent_id, item_id, since) "
             "SELECT id, 'acct-' || id, now() FROM consents WHERE id % 7 = 0"))
