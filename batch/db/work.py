@@ -597,6 +597,7 @@ async def apply(engine: AsyncEngine, changes: Sequence[Change], *, run_id: str, 
         updates.append(bulk.prepare_update(engine.dialect, ids, rows, worker=worker))
     await asyncio.sleep(0)
     logged = bulk.prepare_outcomes(engine.dialect, outcomes)
+    await asyncio.sleep(0)  # the transaction's opening in a turn of its own
     async with transaction(engine) as conn:
         leased: set[int] = set()
         for prepared in updates:

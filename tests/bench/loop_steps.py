@@ -1,7 +1,8 @@
 """Which turns of the event loop hold it up, and how much of that is this thread's CPU.
 
-An opt-in probe for the benchmarks (``BENCH_STEPS=1``; it adds two clock reads and a
-coroutine walk to every step, so lateness figures taken with it on are not the product's):
+An opt-in probe for the benchmarks (``BENCH_STEPS=1``, ``BENCH_STEPS_MS`` its threshold; it
+adds two clock reads and a coroutine walk to every step, so lateness figures taken with it
+on are not the product's):
 every callback the loop runs is timed by wall clock and by this thread's CPU clock, and the
 steps over ``threshold`` are summed by where they resumed and where they stopped (the
 innermost coroutine before the step, then the chain of coroutines it awaits after), with
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import asyncio.events
 import gc
+import os
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -104,8 +106,12 @@ def _chain(handle: Any) -> str:
 
 
 @contextmanager
-def loop_steps(threshold: float = 0.002) -> Iterator[StepLog]:
-    """Time every event-loop callback run inside the block (any loop of this thread)."""
+def loop_steps(threshold: float | None = None) -> Iterator[StepLog]:
+    """Time every event-loop callback run inside the block (any loop of this thread); the
+    steps over ``threshold`` seconds are kept (default ``BENCH_STEPS_MS``, else 2 ms: a
+    higher one shows only the stalls that make a tick late for many providers at once)."""
+    if threshold is None:
+        threshold = float(os.environ.get("BENCH_STEPS_MS", "2")) / 1e3
     log = StepLog(threshold)
     original = asyncio.events.Handle._run
 
