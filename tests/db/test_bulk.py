@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 from datetime import UTC, date, datetime, timedelta, timezone
 
 import pytest
@@ -266,3 +268,28 @@ def test_the_sqlite_time_text_refuses_a_naive_time() -> None:
     procs = bulk._sqlite_processors(sqlite.dialect(), schema.consents, ("updated_at",))
     with pytest.raises(ValueError, match="naive"):
         procs[0](datetime(2026, 11, 30, 1, 0))
+
+
+@given(st.lists(st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30),
+                             timezones=st.sampled_from(_ZONES)), min_size=1, max_size=20))
+def test_a_varying_time_is_made_by_sqlite_into_the_text_sqlalchemy_stores(
+        values: list[datetime]) -> None:
+    """A time that varies travels as a number and SQLite makes the text (SQLite compares
+    times as text: it must be byte for byte SQLAlchemy's), from year 1 to 9999, in any
+    zone, before the epoch too."""
+    dialect = sqlite.dialect()
+    theirs = schema.consents.c.updated_at.type.dialect_impl(dialect).bind_processor(dialect)
+    rows = json.dumps([[bulk._sqlite_us(v)] for v in values])
+    with contextlib.closing(sqlite3.connect(":memory:")) as db:
+        made = [r[0] for r in db.execute(
+            f"SELECT {bulk._sqlite_time_sql('t')} FROM (SELECT json_extract(value, '$[0]') "
+            "AS t FROM json_each(?))", (rows,))]
+    assert made == [theirs(v) for v in values]
+
+
+def test_a_varying_time_that_is_null_stays_null() -> None:
+    with contextlib.closing(sqlite3.connect(":memory:")) as db:
+        (made,) = db.execute(f"SELECT {bulk._sqlite_time_sql('t')} FROM (SELECT NULL AS t)")
+    assert made == (None,)
+    with pytest.raises(ValueError, match="naive"):
+        bulk._sqlite_us(datetime(2026, 11, 30, 1, 0))
