@@ -38,7 +38,6 @@ from sqlalchemy import (
     Date,
     Integer,
     String,
-    TextClause,
     bindparam,
     func,
     insert,
@@ -46,6 +45,7 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from batch.client import Progress
@@ -184,23 +184,42 @@ _PG_CLAIM = text(
 #: statement per provider was 95 statements a second with 300 providers, each a hop to the
 #: driver's thread and back with the loop's GIL hand-off on (tests/bench/test_many_providers.py)
 SQLITE_PICK_GROUP = 50
-_sqlite_picks: dict[int, TextClause] = {}
+_sqlite_picks: dict[int, str] = {}
 
 
-def _sqlite_pick(n: int) -> TextClause:
+def _sqlite_pick(n: int) -> str:
     """The pick for ``n`` providers: each one's ``_due`` rows (its cursor, its limit), as
-    one JSON array of [id, stale, k] (k: the provider's place in the request)."""
-    stmt = _sqlite_picks.get(n)
-    if stmt is None:
+    one JSON array of [id, stale, k] (k: the provider's place in the request).
+
+    Plain SQL with SQLite's own named parameters, sent as it is (``exec_driver_sql``) with
+    the values already in their stored form (:func:`_sqlite_pick_params`): as a ``text()``
+    with typed parameters, SQLAlchemy compiled each new ``n`` (up to SQLITE_PICK_GROUP of
+    them) in one step of the loop, 10 ms for 50 providers, and the 300-provider run's
+    claims were the loop's longest steps."""
+    sql = _sqlite_picks.get(n)
+    if sql is None:
         terms = " UNION ALL ".join(
             f"SELECT * FROM (SELECT id, {_STALE}, {k} AS k {_due(f'_{k}')})"
             for k in range(n))
-        stmt = text(f"SELECT json_group_array(json_array(id, stale, k)) FROM ({terms})"
-                    ).bindparams(bindparam("wk", type_=Date),
-                                 bindparam("now", type_=UTCDateTime),
-                                 *(b for k in range(n) for b in _due_params(f"_{k}")))
-        _sqlite_picks[n] = stmt
-    return stmt
+        sql = _sqlite_picks[n] = (
+            f"SELECT json_group_array(json_array(id, stale, k)) FROM ({terms})")
+    return sql
+
+
+def _sqlite_pick_params(dialect: Dialect, group: Sequence[ClaimRequest],
+                        common: dict[str, object]) -> dict[str, object]:
+    """:func:`_sqlite_pick`'s parameters (``common``'s ``wk`` and ``now``, then each
+    request's), each in the form SQLAlchemy stores its column's values (a date and a time
+    as text: SQLite compares them as text)."""
+    day, time_ = bulk._sqlite_processors(dialect, consents, ("due_week", "not_before"))
+    assert day is not None and time_ is not None
+    params: dict[str, object] = {"wk": day(common["wk"]), "now": time_(common["now"])}
+    for k, r in enumerate(group):
+        params[f"org_{k}"] = r.org_code
+        params[f"cur_week_{k}"] = day(r.after[0])
+        params[f"cur_id_{k}"] = r.after[1]
+        params[f"n_{k}"] = r.limit
+    return params
 
 
 # The pick runs before the driver opens the transaction (pysqlite opens one at the first
@@ -386,13 +405,9 @@ async def _sqlite_claim(conn: AsyncConnection, requests: Sequence[ClaimRequest],
     stale: set[int] = set()
     for start in range(0, len(requests), SQLITE_PICK_GROUP):
         group = requests[start:start + SQLITE_PICK_GROUP]
-        params: dict[str, object] = {"wk": common["wk"], "now": common["now"]}
-        for k, r in enumerate(group):
-            params[f"org_{k}"] = r.org_code
-            params[f"cur_week_{k}"], params[f"cur_id_{k}"] = r.after
-            params[f"n_{k}"] = r.limit
-        for i, st, k in json.loads(
-                (await conn.execute(_sqlite_pick(len(group)), params)).scalar_one()):
+        params = _sqlite_pick_params(conn.dialect, group, common)
+        for i, st, k in json.loads((await conn.exec_driver_sql(
+                _sqlite_pick(len(group)), params)).scalar_one()):
             org_of[i] = group[k].org_code
             if st:
                 stale.add(i)
