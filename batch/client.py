@@ -25,6 +25,7 @@ from httpx_aiohttp import AiohttpTransport
 
 from batch.clock import Clock
 from batch.config import Provider
+from batch.crypto import TokenKeyError
 from batch.errors import describe
 from batch.http_errors import TRANSPORT_ERRORS, transport_outcome, transport_outcome_of_bug
 from batch.resilience.outcomes import (
@@ -44,8 +45,14 @@ API_TYPE = "scheduled"
 MAX_PAGES = 1000
 _URL_CACHE = 256  # URLs a client keeps parsed
 _WINDOW_CLOSED = rejected(Layer.WINDOW, "provider window closed")
+
+
 _API_TYPE = API_TYPE.encode("ascii")
 _JSON_TYPE = (b"Content-Type", b"application/json")
+
+
+async def _window_closed() -> Outcome:
+    return _WINDOW_CLOSED
 
 
 def _json_body(value: Any) -> bytes:
@@ -89,6 +96,9 @@ class Progress:
 
 #: on_token(access_token, refresh_token): store a refreshed token pair now
 TokenSaver = Callable[[str, str | None], Awaitable[None]]
+#: a refresh token, or how to open it from its sealed form when it is first needed (only a
+#: 40101 needs it: most refreshes never do, and opening costs an AES-GCM decryption)
+RefreshToken = str | Callable[[], str | None] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,16 +120,29 @@ class RefreshResult:
 
 
 class _Tokens:
-    """One refresh's credentials and the time after which no call may start."""
+    """One refresh's credentials and the time after which no call may start. The refresh
+    token is opened when first read (:data:`RefreshToken`); one that does not open raises
+    :class:`~batch.crypto.TokenKeyError` there."""
 
-    __slots__ = ("access", "changed", "not_after", "refresh", "refreshed")
+    __slots__ = ("_refresh", "access", "changed", "not_after", "refreshed")
 
-    def __init__(self, access: str, refresh: str | None, not_after: float | None) -> None:
+    def __init__(self, access: str, refresh: RefreshToken, not_after: float | None) -> None:
         self.not_after = not_after
         self.access = access
-        self.refresh = refresh
+        self._refresh = refresh
         self.refreshed = False  # a refresh was tried (only once per consent)
         self.changed = False  # a refresh succeeded: the new tokens must be stored
+
+    @property
+    def refresh(self) -> str | None:
+        r = self._refresh
+        if callable(r):
+            r = self._refresh = r()
+        return r
+
+    @refresh.setter
+    def refresh(self, value: str | None) -> None:
+        self._refresh = value
 
 
 class _NoCookies(httpx.Cookies):
@@ -320,13 +343,15 @@ class MydataClient:
         """
         calls = 0
 
-        async def attempt(timeout: float) -> Outcome:
+        def attempt(timeout: float) -> Awaitable[Outcome]:
+            # not a coroutine itself: the chain awaits ``_attempt``'s own (one frame less
+            # on every attempt's suspensions and resumptions)
             nonlocal calls
             if tokens.not_after is not None and self._clock.monotonic() >= tokens.not_after:
-                return _WINDOW_CLOSED
+                return _window_closed()
             calls += 1
-            return await self._attempt(method, path, tokens.access, timeout, params=params,
-                                       body=body)
+            return self._attempt(method, path, tokens.access, timeout, params=params,
+                                 body=body)
 
         out = await self._chain.call(attempt, deadline=deadline)
         if out.kind is Kind.CONSENT and out.rsp_code in TOKEN_CODES and not tokens.refreshed:
@@ -342,11 +367,14 @@ class MydataClient:
 
     async def _refresh_token(self, tokens: _Tokens, *, deadline: float | None
                              ) -> tuple[Outcome, int]:
-        if not tokens.refresh:
+        try:
+            refresh_token = tokens.refresh
+        except TokenKeyError as exc:  # as a stored access token that does not open: this
+            return Outcome(Kind.CLIENT, detail=str(exc)), 0  # consent, for the operator
+        if not refresh_token:
             return Outcome(Kind.CONSENT, "40101", 401, detail="token expired, no refresh token"
                            ), 0
         calls = 0
-        refresh_token = tokens.refresh
         expired_access = tokens.access
 
         async def attempt(timeout: float) -> Outcome:
@@ -391,7 +419,7 @@ class MydataClient:
         self,
         *,
         access_token: str,
-        refresh_token: str | None,
+        refresh_token: RefreshToken,
         progress: Progress | None = None,
         dead_items: frozenset[str] = frozenset(),
         deadline: float | None = None,
@@ -402,7 +430,9 @@ class MydataClient:
 
         Resumes at ``progress`` when given; never calls an item in ``dead_items``. No HTTP
         call starts at or after ``not_after`` (clock.monotonic(); the end of the provider's
-        window): such a call is refused by us and the rest stays due.
+        window): such a call is refused by us and the rest stays due. ``refresh_token`` may
+        be given as a function that opens it: it is called only if a 40101 needs it, and a
+        token that does not open ends the refresh there as our own error (``Kind.CLIENT``).
         """
         tokens = _Tokens(access_token, refresh_token, not_after)
         calls = 0

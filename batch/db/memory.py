@@ -149,8 +149,11 @@ class MemoryWorkStore:
     async def save_token(self, t: TokenRefreshed) -> None:
         _set(self.consents[t.consent_id], token_changes(t))
 
-    def open_tokens(self, claim: Claim) -> tuple[str, str | None]:
-        return claim.access_token, claim.refresh_token
+    def open_access(self, claim: Claim) -> str:
+        return claim.access_token
+
+    def open_refresh(self, claim: Claim) -> str | None:
+        return claim.refresh_token
 
 
 def _set(c: MemoryConsent, values: dict[str, Any]) -> None:

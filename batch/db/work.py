@@ -15,7 +15,8 @@ kind with one lease-guarded statement, so they cannot disagree.
 
 Tokens are sealed at rest (``batch.crypto``). The functions below read and write them as
 stored; :class:`SqlWorkStore` is the one seam that seals every token it writes and opens a
-claim's tokens when its refresh starts (:meth:`SqlWorkStore.open_tokens`), with the
+claim's access token when its refresh starts (:meth:`SqlWorkStore.open_access`), its refresh
+token only if a 40101 needs it (:meth:`SqlWorkStore.open_refresh`), with the
 :class:`~batch.crypto.TokenCipher` it is built with: a token that does not open fails its
 own consent only, and a claim's rows are not all decrypted in one burst.
 """
@@ -49,7 +50,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from batch.client import Progress
-from batch.crypto import TokenCipher, TokenKeyError
+from batch.crypto import ACCESS_TOKEN, REFRESH_TOKEN, TokenCipher, TokenKeyError
 from batch.db import bulk
 from batch.db.engine import transaction
 from batch.db.handoff import GilHandoff
@@ -85,7 +86,7 @@ START: Cursor = (date(1970, 1, 1), 0)
 @dataclass(frozen=True, slots=True)
 class Claim:
     """One leased consent, ready to refresh. Its tokens are as stored (the SQL store's are
-    sealed: ``WorkStore.open_tokens`` opens them) and never appear in its repr.
+    sealed: ``WorkStore.open_access`` and ``open_refresh`` open them) and never appear in its repr.
 
     ``attempts``/``unknown_attempts`` and ``progress`` are this week's (another week's read
     as none). ``stale``: it came back from a worker that had started calling it.
@@ -693,9 +694,15 @@ class WorkStore(Protocol):
 
     async def save_token(self, t: TokenRefreshed) -> None: ...
 
-    def open_tokens(self, claim: Claim) -> tuple[str, str | None]:
-        """The claim's (access, refresh) tokens in the clear; claims carry them as stored.
+    def open_access(self, claim: Claim) -> str:
+        """The claim's access token in the clear; claims carry their tokens as stored.
         Raises :class:`~batch.crypto.TokenKeyError` for a token that does not open."""
+        ...
+
+    def open_refresh(self, claim: Claim) -> str | None:
+        """The claim's refresh token in the clear (None if it has none), opened apart from
+        the access token: only a refresh that meets a 40101 needs it. Raises
+        :class:`~batch.crypto.TokenKeyError` for a token that does not open."""
         ...
 
 
@@ -763,7 +770,7 @@ class SqlWorkStore:
                     lease: timedelta = timedelta(minutes=10)) -> list[Claim]:
         """Returns once this claim is made, together with the other providers' claims
         of this turn (one statement for all of them on PostgreSQL); tokens as stored,
-        sealed (:meth:`open_tokens` opens a claim's when its refresh starts)."""
+        sealed (:meth:`open_access` opens a claim's when its refresh starts)."""
         if limit <= 0:
             return []
         done: asyncio.Future[list[Claim]] = asyncio.get_running_loop().create_future()
@@ -890,13 +897,22 @@ class SqlWorkStore:
         async with self._turn():
             await save_token(self.engine, self._sealed(t))
 
-    def open_tokens(self, c: Claim) -> tuple[str, str | None]:
-        """The claim's tokens opened on its own row (consent and column), when its refresh
-        starts: a token moved from another row does not open, one TokenKeyError line naming
-        the consent (that consent fails alone; the rest of its claim goes on)."""
+    def open_access(self, c: Claim) -> str:
+        """The claim's access token opened on its own row (consent and column), when its
+        refresh starts: a token moved from another row does not open, one TokenKeyError
+        line naming the consent (that consent fails alone; the rest of its claim goes on)."""
         try:
-            return self.cipher.open_pair(c.org_code, c.user_id, c.access_token,
-                                         c.refresh_token)
+            return self.cipher.open(c.access_token, c.org_code, c.user_id, ACCESS_TOKEN)
+        except TokenKeyError as exc:
+            raise TokenKeyError(f"consent {c.id}: {exc}") from None
+
+    def open_refresh(self, c: Claim) -> str | None:
+        """The claim's refresh token opened on its own row and column, as
+        :meth:`open_access` (only when a 40101 needs it: most refreshes never do)."""
+        if c.refresh_token is None:
+            return None
+        try:
+            return self.cipher.open(c.refresh_token, c.org_code, c.user_id, REFRESH_TOKEN)
         except TokenKeyError as exc:
             raise TokenKeyError(f"consent {c.id}: {exc}") from None
 

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, TextIO
 
 import httpx
@@ -517,15 +518,20 @@ def _refresher(client: MydataClient, store: work.WorkStore
                ) -> Callable[[work.Claim, float | None], Any]:
     async def refresh(claim: work.Claim, not_after: float | None) -> RefreshResult:
         try:
-            access, refresh_token = store.open_tokens(claim)
+            access = store.open_access(claim)
         except TokenKeyError as exc:  # this consent alone: dead-lettered, for the operator
             return RefreshResult(Outcome(Kind.CLIENT, detail=str(exc)), calls=0)
 
         async def save(access: str, refresh_token: str | None) -> None:
             await store.save_token(TokenRefreshed.of(claim, access, refresh_token))
-        return await client.refresh(access_token=access, refresh_token=refresh_token,
-                                    progress=claim.progress, dead_items=claim.dead_items,
-                                    not_after=not_after, on_token=save)
+        # the refresh token opens only if a 40101 needs it (an AES-GCM decryption saved on
+        # nearly every refresh); one that does not open fails its consent then, alone
+        return await client.refresh(
+            access_token=access,
+            refresh_token=(None if claim.refresh_token is None
+                           else partial(store.open_refresh, claim)),
+            progress=claim.progress, dead_items=claim.dead_items, not_after=not_after,
+            on_token=save)
     return refresh
 
 

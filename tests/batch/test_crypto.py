@@ -56,18 +56,35 @@ def test_the_associated_data_is_unambiguous() -> None:
         TokenSlot("A", "u", "pending_items")  # type: ignore[arg-type]
 
 
-def test_seal_pair_and_open_pair_bind_each_token_to_its_column() -> None:
+def test_seal_pair_and_open_bind_each_token_to_its_column() -> None:
     c = TokenCipher.from_texts([generate_key()])
     access, refresh = c.seal_pair("BANK000001", "u1", "at", "rt")
     assert refresh is not None
     assert c.decrypt(access, A) == "at" and c.decrypt(refresh, R) == "rt"
-    assert c.open_pair("BANK000001", "u1", access, refresh) == ("at", "rt")
+    assert c.open(access, "BANK000001", "u1", "access_token") == "at"
+    assert c.open(refresh, "BANK000001", "u1", "refresh_token") == "rt"
     assert c.seal_pair("BANK000001", "u1", "at")[1] is None
-    assert c.open_pair("BANK000001", "u1", access, None) == ("at", None)
     with pytest.raises(TokenKeyError, match=r"refresh_token .*does not belong"):
-        c.open_pair("BANK000001", "u1", access, access)  # access token in refresh_token
+        c.open(access, "BANK000001", "u1", "refresh_token")  # access token in refresh_token
     with pytest.raises(TokenKeyError, match=r"access_token .*does not belong"):
-        c.open_pair("BANK000001", "u2", access, refresh)
+        c.open(access, "BANK000002", "u1", "access_token")
+    with pytest.raises(TokenKeyError, match=r"access_token .*does not belong"):
+        c.open(access, "BANK000001", "u2", "access_token")
+
+
+def test_open_reads_the_stored_text_as_urlsafe_b64decode_does() -> None:
+    """The fast decoding (binascii) opens what the sealing wrote and refuses, as one
+    TokenKeyError, what urlsafe base64 refuses or what is not ASCII."""
+    c = TokenCipher.from_texts([generate_key()])
+    for token in ("a", "ab", "abc", "토큰-" * 7, "x" * 100):
+        assert c.open(c.encrypt(token, A), "BANK000001", "u1", "access_token") == token
+    access = c.encrypt("at", A)
+    # padding is ignored, as urlsafe_b64decode ignores it
+    assert c.open(access + "==", "BANK000001", "u1", "access_token") == "at"
+    for broken in (access + "A", access[:-1], access[:-3] + "é" * 3, access[:-2] + "+/"):
+        with pytest.raises(TokenKeyError, match="does not open") as e:
+            c.open(broken, "BANK000001", "u1", "access_token")
+        assert "\n" not in str(e.value)
 
 
 def test_a_v1_token_still_opens_is_not_current_and_reseals_as_v2() -> None:

@@ -68,7 +68,7 @@ async def test_claims_of_many_providers_in_one_go_match_their_own_claims(
         assert [c.org_code for c in claims] == [org] * (k + 2)
         assert [c.id for c in claims] == [i + 1 for i in range(30)
                                           if ORGS[i % 3] == org][:k + 2]
-        assert all(store.open_tokens(c)[0] == f"tok-{c.id - 1}" for c in claims)
+        assert all(store.open_access(c) == f"tok-{c.id - 1}" for c in claims)
     assert {c.id: c.dead_items for cs in got for c in cs}[4] == frozenset({"acct-x"})
     # the next claim of one provider continues after its own cursor
     (more,) = await asyncio.gather(store.claim(ORGS[0], worker="w1", week=WEEK, now=NOW,

@@ -66,8 +66,8 @@ async def _claim_all(store: SqlWorkStore, worker: str = "w1") -> list[work.Claim
     claims = await store.claim(ORG, worker=worker, week=WEEK, now=NOW, limit=10)
     for c in claims:  # handed out as stored: sealed
         assert c.access_token.startswith(("v1.", "v2.")) or c.access_token == "legacyAT"
-    return [replace(c, access_token=a, refresh_token=r)
-            for c in claims for a, r in [store.open_tokens(c)]]
+    return [replace(c, access_token=store.open_access(c), refresh_token=store.open_refresh(c))
+            for c in claims]
 
 
 async def test_loaded_tokens_are_stored_sealed_and_a_claim_hands_them_out_opened(
@@ -201,10 +201,11 @@ async def test_a_token_moved_to_another_consent_row_does_not_open_there(
                                                   limit=10)}
     for cid in (1, 2):
         with pytest.raises(TokenKeyError, match="does not belong to this row") as e:
-            store.open_tokens(claims[cid])
+            store.open_access(claims[cid])
         assert "\n" not in str(e.value) and "access_token" in str(e.value)
         assert str(e.value).startswith(f"consent {cid}: ") and "plainAT" not in str(e.value)
-    assert store.open_tokens(claims[3]) == ("plainAT003", "plainRT003")
+    assert (store.open_access(claims[3]), store.open_refresh(claims[3])) == (
+        "plainAT003", "plainRT003")
     # Put back, both open again.
     await store.release([1, 2, 3], worker="w1")
     await _set_tokens(loaded, 1, access_token=stored[1][0])
@@ -223,9 +224,10 @@ async def test_a_token_moved_from_access_token_to_refresh_token_does_not_open(
     store = SqlWorkStore(loaded, CIPHER)
     claims = {c.id: c for c in await store.claim(ORG, worker="w1", week=WEEK, now=NOW,
                                                   limit=10)}
+    assert store.open_access(claims[first]).startswith("plainAT")  # its own still opens
     with pytest.raises(TokenKeyError, match="does not belong to this row") as e:
-        store.open_tokens(claims[first])
-    assert "\n" not in str(e.value)
+        store.open_refresh(claims[first])
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"consent {first}: ")
 
 
 async def test_v1_tokens_still_open_and_rotation_binds_them_as_v2(
