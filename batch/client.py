@@ -45,8 +45,6 @@ API_TYPE = "scheduled"
 MAX_PAGES = 1000
 _URL_CACHE = 256  # URLs a client keeps parsed
 _WINDOW_CLOSED = rejected(Layer.WINDOW, "provider window closed")
-
-
 _API_TYPE = API_TYPE.encode("ascii")
 _JSON_TYPE = (b"Content-Type", b"application/json")
 

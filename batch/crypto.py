@@ -241,7 +241,7 @@ class TokenCipher:
             # binascii + translate: the fast form of urlsafe_b64decode (as ``_seal``)
             raw = binascii.a2b_base64(
                 (body + "=" * (-len(body) % 4)).encode("ascii").translate(_URLSAFE_BACK))
-            aad = (column + _row_aad(org_code, user_id)).encode() if bound else None
+            aad = token_aad(org_code, user_id, column) if bound else None
             return aead.decrypt(raw[:_NONCE], raw[_NONCE:], aad).decode("utf-8")
         except (InvalidTag, binascii.Error, ValueError):  # UnicodeError is a ValueError
             if bound:

@@ -50,7 +50,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from batch.client import Progress
-from batch.crypto import ACCESS_TOKEN, REFRESH_TOKEN, TokenCipher, TokenKeyError
+from batch.crypto import ACCESS_TOKEN, REFRESH_TOKEN, TokenCipher, TokenColumn, TokenKeyError
 from batch.db import bulk
 from batch.db.engine import transaction
 from batch.db.handoff import GilHandoff
@@ -86,7 +86,8 @@ START: Cursor = (date(1970, 1, 1), 0)
 @dataclass(frozen=True, slots=True)
 class Claim:
     """One leased consent, ready to refresh. Its tokens are as stored (the SQL store's are
-    sealed: ``WorkStore.open_access`` and ``open_refresh`` open them) and never appear in its repr.
+    sealed: ``WorkStore.open_access`` and ``open_refresh`` open them) and never appear in
+    its repr.
 
     ``attempts``/``unknown_attempts`` and ``progress`` are this week's (another week's read
     as none). ``stale``: it came back from a worker that had started calling it.
@@ -901,18 +902,18 @@ class SqlWorkStore:
         """The claim's access token opened on its own row (consent and column), when its
         refresh starts: a token moved from another row does not open, one TokenKeyError
         line naming the consent (that consent fails alone; the rest of its claim goes on)."""
-        try:
-            return self.cipher.open(c.access_token, c.org_code, c.user_id, ACCESS_TOKEN)
-        except TokenKeyError as exc:
-            raise TokenKeyError(f"consent {c.id}: {exc}") from None
+        return self._open(c, c.access_token, ACCESS_TOKEN)
 
     def open_refresh(self, c: Claim) -> str | None:
         """The claim's refresh token opened on its own row and column, as
         :meth:`open_access` (only when a 40101 needs it: most refreshes never do)."""
         if c.refresh_token is None:
             return None
+        return self._open(c, c.refresh_token, REFRESH_TOKEN)
+
+    def _open(self, c: Claim, stored: str, column: TokenColumn) -> str:
         try:
-            return self.cipher.open(c.refresh_token, c.org_code, c.user_id, REFRESH_TOKEN)
+            return self.cipher.open(stored, c.org_code, c.user_id, column)
         except TokenKeyError as exc:
             raise TokenKeyError(f"consent {c.id}: {exc}") from None
 

@@ -42,10 +42,9 @@ from batch.dispatch.runner import _refresher
 from batch.observe.logbook import EventLog
 from batch.observe.recorder import ChainRecorder
 from batch.resilience.chain import ProviderChain
-from batch.resilience.outcomes import Outcome
 from batch.resilience.settings import ChainSettings
 from batch.tranid import TranIdGenerator
-from tests.batch.test_client import INSTS
+from tests.batch.test_client import INSTS, PassThrough
 from tests.sealing import CIPHER, seal
 
 N = int(os.environ.get("REFRESH_BENCH_N", "3000"))
@@ -70,12 +69,6 @@ class Canned(httpx.AsyncBaseTransport):
                               content=_LIST if request.method == "GET" else _DETAIL)
 
 
-class _PassThrough:
-    async def call(self, attempt: Callable[[float], Awaitable[Outcome]], *,
-                   deadline: float | None = None) -> Outcome:
-        return await attempt(10.0)
-
-
 async def _bench() -> dict[str, list[float]]:
     # The provider's own limits out of the way: the chain's work is measured, not its waits.
     p = dataclasses.replace(INSTS.providers[0], calls_per_second=1e6, max_concurrency=100)
@@ -87,7 +80,7 @@ async def _bench() -> dict[str, list[float]]:
     chain = ProviderChain(p.org_code, ChainSettings.from_provider(p), clock=clock,
                           listeners=[recorder, EventLog(clock=clock)])
     full_client = MydataClient(p, http=http, chain=chain, tran_ids=tran_ids, clock=clock)
-    a3_client = MydataClient(p, http=http, chain=_PassThrough(), tran_ids=tran_ids,
+    a3_client = MydataClient(p, http=http, chain=PassThrough(), tran_ids=tran_ids,
                              clock=clock)
     engine = create_async_engine("sqlite+aiosqlite://")  # the store only opens tokens here
     store = work.SqlWorkStore(engine, CIPHER)
