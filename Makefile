@@ -29,9 +29,10 @@ test: lint
 bench: install
 	$(BIN)/python -m pytest -q -s tests/bench
 
-# Where the CPU goes on a saturated full-path run (cProfile; PROFILE_BACKEND=sqlite|postgresql)
+# Where the CPU goes on a saturated full-path run (cProfile, or PROFILER=py-spy sampled;
+# PROFILE_BACKEND=sqlite|postgresql)
 profile: install
-	PROFILE_BACKEND=$${PROFILE_BACKEND:-sqlite} $(BIN)/python -m tests.bench.profile_dispatch
+	PROFILER=$${PROFILER:-cprofile} PROFILE_BACKEND=$${PROFILE_BACKEND:-sqlite} $(BIN)/python -m tests.bench.profile_dispatch
 
 clean:
 	rm -rf $(VENV) mydata.db demo-out .pytest_cache .mypy_cache .ruff_cache

@@ -1,6 +1,7 @@
 """Where the CPU goes on the full path: a saturated ``run_day`` under cProfile.
 
-Run: ``make profile`` (``PROFILE_BACKEND=sqlite|postgresql``, ``PROFILE_RATE`` planned
+Run: ``make profile`` (``PROFILER=py-spy`` samples it instead: tests/bench/spy_dispatch.py,
+``PROFILE_BACKEND=sqlite|postgresql``, ``PROFILE_RATE`` planned
 calls/s offered over the one-minute plan, ``PROFILE_TOP`` entries shown). The simulator runs
 in its own process (latency 0, one item per consent), exactly as in
 ``test_dispatch_throughput.py``; the client, the chain, the claims and the writes run here,
@@ -24,6 +25,7 @@ import tempfile
 import time
 import uuid
 from collections import defaultdict
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from batch.clock import KST, ScaledClock
 from batch.config import load_institutions
 from batch.dispatch.runner import RunOptions, run_day
 from batch.simulator import SimulatorProcess
+from tests.bench.spy_dispatch import report, sampling
 from tests.bench.test_dispatch_throughput import (
     CALLS_PER_REFRESH,
     FIRST_MINUTE,
@@ -46,23 +49,30 @@ from tests.integration.helpers import free_ports
 from tests.sealing import CIPHER
 
 
-async def _profiled_run(url: str, insts_path: Path, per_provider: int
-                        ) -> tuple[pstats.Stats, float, int]:
+async def _profiled_run(url: str, insts_path: Path, per_provider: int,
+                        spy_out: Path | None = None) -> tuple[pstats.Stats | None, float, int,
+                                                              float]:
+    """The run under cProfile, or sampled by py-spy into ``spy_out`` when given; returns
+    the profile (cProfile), the run's seconds, its calls and this process's CPU seconds."""
     insts = load_institutions(insts_path)
     engine = await _prepare(url, insts, {FIRST_MINUTE: per_provider})
     clock = ScaledClock(1.0, start=datetime(2026, 11, 30, 0, 59, 57, tzinfo=KST))
-    prof = cProfile.Profile()
-    t0 = time.monotonic()
-    prof.enable()
-    try:
-        res = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(
-            progress="none", lease=timedelta(minutes=10)), stream=io.StringIO(),
-            install_signals=False)
-    finally:
-        prof.disable()
-        await engine.dispose()
+    prof = cProfile.Profile() if spy_out is None else None
+    t0, c0 = time.monotonic(), time.process_time()
+    with nullcontext() if spy_out is None else sampling(spy_out):
+        if prof is not None:
+            prof.enable()
+        try:
+            res = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(
+                progress="none", lease=timedelta(minutes=10)), stream=io.StringIO(),
+                install_signals=False)
+        finally:
+            if prof is not None:
+                prof.disable()
+        cpu = time.process_time() - c0
+    await engine.dispose()
     calls = sum(int(p["calls"]) for p in res.summary.to_json()["providers"])
-    return pstats.Stats(prof), time.monotonic() - t0, calls
+    return (None if prof is None else pstats.Stats(prof)), time.monotonic() - t0, calls, cpu
 
 
 _OURS = str(Path(batch.__file__).resolve().parent) + os.sep
@@ -116,17 +126,25 @@ def main() -> None:
     else:
         asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
         url = f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+    spy = os.environ.get("PROFILER", "cprofile") == "py-spy"
+    out = Path(os.environ.get("PROFILE_OUT", str(
+        tmp / (f"py-spy-{backend}.txt" if spy else f"profile-{backend}.prof"))))
     try:
         with SimulatorProcess(path, scenario_path=scen, window_override=["0000:2359"]):
-            stats, seconds, calls = asyncio.run(_profiled_run(url, path, per_provider))
+            stats, seconds, calls, cpu = asyncio.run(_profiled_run(
+                url, path, per_provider, out if spy else None))
     finally:
         if backend != "sqlite":
             asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    out = Path(os.environ.get("PROFILE_OUT", str(tmp / f"profile-{backend}.prof")))
-    stats.dump_stats(out)
     what = f"{many} providers' run_day" if many else "a saturated run_day"
-    print(f"== cProfile of {what} on {backend}: {calls:,} calls in {seconds:.1f} s"
-          f" (offered {rate:g} calls/s; {os.getloadavg()[0]:.2f} load) -> {out} ==")
+    print(f"== {'py-spy' if spy else 'cProfile'} of {what} on {backend}: {calls:,} calls in "
+          f"{seconds:.1f} s (offered {rate:g} calls/s; {os.getloadavg()[0]:.2f} load) "
+          f"-> {out} ==")
+    if stats is None:
+        print(report(out, cpu=cpu, calls=calls, top=top))
+        sys.stdout.flush()
+        return
+    stats.dump_stats(out)
     print(by_package(stats))
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats(top)
