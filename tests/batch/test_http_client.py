@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import gzip
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
 
 from batch.client import make_http_client
+from tests.batch.conftest import Handler, Server
 
 
 async def test_a_cookie_one_response_sets_is_never_sent_with_the_next_call() -> None:
@@ -44,50 +45,28 @@ async def test_the_default_client_is_the_aiohttp_transport_with_tls_verification
 
 
 # -- the product's transport reads the whole answer itself (batch/client.py) ------------
-# Over real HTTP on 127.0.0.1, against a tiny server that counts its connections.
+# Over real HTTP on 127.0.0.1, against a tiny server (conftest.py) that counts its
+# connections (``Server.requests``: one per connection its handler served).
 
-class _Server:
-    def __init__(self, answer: Callable[[int], Awaitable[bytes | None]]) -> None:
-        self.answer = answer  # the request's number -> the bytes to write (None: stall)
-        self.connections = 0
-        self.requests: list[bytes] = []
-        self.url = ""
+def _answering(answer: Callable[[int], Awaitable[bytes | None]],
+               seen: list[bytes]) -> Handler:
+    """A connection's handler: each request read whole into ``seen``, then answered with
+    ``answer(its number)`` (None: no answer, the connection left hanging)."""
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            head = await r.readuntil(b"\r\n\r\n")
+            length = re.search(rb"(?i)content-length: *(\d+)", head)
+            body = await r.readexactly(int(length.group(1))) if length else b""
+            seen.append(head + body)
+            out = await answer(len(seen))
+            if out is None:
+                await asyncio.sleep(30)
+                w.close()
+                return
+            w.write(out)
+            await w.drain()
 
-    async def handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            while True:
-                head = await r.readuntil(b"\r\n\r\n")
-                length = re.search(rb"(?i)content-length: *(\d+)", head)
-                body = await r.readexactly(int(length.group(1))) if length else b""
-                self.requests.append(head + body)
-                out = await self.answer(len(self.requests))
-                if out is None:
-                    await asyncio.sleep(30)
-                    return
-                w.write(out)
-                await w.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            w.close()
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Callable[..., Awaitable[_Server]]]:
-    servers: list[asyncio.Server] = []
-
-    async def start(answer: Callable[[int], Awaitable[bytes | None]]) -> _Server:
-        s = _Server(answer)
-        srv = await asyncio.start_server(s.handle, "127.0.0.1", 0)
-        servers.append(srv)
-        s.url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
-        return s
-
-    yield start
-    for srv in servers:
-        srv.close()
-        await srv.wait_closed()
+    return handle
 
 
 _GZIPPED = gzip.compress(b'{"rsp_code":"00000","text":"hello"}')
@@ -100,10 +79,11 @@ async def _rich_answer(n: int) -> bytes:
 
 
 async def test_the_answer_is_the_one_httpx_aiohttp_gives_and_the_request_the_same(
-        serve: Callable[..., Awaitable[_Server]]) -> None:
+        serve: Callable[[Handler], Awaitable[Server]]) -> None:
     from httpx_aiohttp import AiohttpTransport
 
-    server = await serve(_rich_answer)
+    seen: list[bytes] = []
+    server = await serve(_answering(_rich_answer, seen))
     got = []
     for http in (make_http_client(), httpx.AsyncClient(transport=AiohttpTransport())):
         try:
@@ -117,7 +97,7 @@ async def test_the_answer_is_the_one_httpx_aiohttp_gives_and_the_request_the_sam
     assert got[0] == got[1]
     assert got[0][3] == b'{"rsp_code":"00000","text":"hello"}'  # decoded, as httpx does
     assert (b"X-Twice", b"a") in got[0][2] and (b"X-Twice", b"b") in got[0][2]
-    assert server.requests[0] == server.requests[1]  # byte for byte the same request
+    assert seen[0] == seen[1]  # byte for byte the same request
 
 
 async def _ok(n: int) -> bytes:
@@ -125,8 +105,9 @@ async def _ok(n: int) -> bytes:
 
 
 async def test_a_fully_read_connection_goes_back_to_the_pool_and_is_reused(
-        serve: Callable[..., Awaitable[_Server]]) -> None:
-    server = await serve(_ok)
+        serve: Callable[[Handler], Awaitable[Server]]) -> None:
+    seen: list[bytes] = []
+    server = await serve(_answering(_ok, seen))
     http = make_http_client(max_connections=1)  # a leaked connection: the 2nd call waits
     try:
         for _ in range(5):
@@ -134,18 +115,18 @@ async def test_a_fully_read_connection_goes_back_to_the_pool_and_is_reused(
             assert resp.json() == {"rsp_code": "00000"}
     finally:
         await http.aclose()
-    assert len(server.requests) == 5
-    assert server.connections == 1
+    assert len(seen) == 5
+    assert server.requests == 1  # connections
 
 
 async def test_a_connection_whose_answer_was_cut_short_is_closed_never_reused(
-        serve: Callable[..., Awaitable[_Server]]) -> None:
+        serve: Callable[[Handler], Awaitable[Server]]) -> None:
     async def answer(n: int) -> bytes | None:
         if n == 1:  # the head and part of the body, then nothing: the read times out
             return b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"rsp'
         return await _ok(n)
 
-    server = await serve(answer)
+    server = await serve(_answering(answer, []))
     http = make_http_client(max_connections=1)
     try:
         with pytest.raises(httpx.ReadTimeout):
@@ -154,4 +135,4 @@ async def test_a_connection_whose_answer_was_cut_short_is_closed_never_reused(
         assert resp.json() == {"rsp_code": "00000"}
     finally:
         await http.aclose()
-    assert server.connections == 2  # the cut one was closed, a new one opened
+    assert server.requests == 2  # connections: the cut one was closed, a new one opened

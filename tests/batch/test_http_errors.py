@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import aiohttp
@@ -21,6 +21,7 @@ from batch.resilience.chain import ProviderChain
 from batch.resilience.outcomes import Kind
 from batch.resilience.settings import ChainSettings
 from batch.tranid import TranIdGenerator
+from tests.batch.conftest import Handler, Server
 from tests.batch.test_client import INSTS
 
 
@@ -100,9 +101,6 @@ def test_an_unmapped_aiohttp_protocol_error_is_unknown() -> None:
 
 # -- over real HTTP ---------------------------------------------------------------------
 
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
 async def _read_then_close(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
     await r.readuntil(b"\r\n\r\n")
     w.close()
@@ -127,37 +125,6 @@ async def _short_body(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
     w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"rsp")
     await w.drain()
     w.close()
-
-
-class Server:
-    def __init__(self, handler: Handler) -> None:
-        self.handler = handler
-        self.requests = 0
-        self.url = ""
-
-    async def handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        self.requests += 1
-        try:
-            await self.handler(r, w)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            w.close()
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[Server]]]:
-    servers: list[asyncio.Server] = []
-
-    async def start(handler: Handler) -> Server:
-        s = Server(handler)
-        srv = await asyncio.start_server(s.handle, "127.0.0.1", 0)
-        servers.append(srv)
-        s.url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
-        return s
-
-    yield start
-    for srv in servers:
-        srv.close()
-        await srv.wait_closed()
 
 
 def _client(base_url: str) -> tuple[MydataClient, httpx.AsyncClient]:

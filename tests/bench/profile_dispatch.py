@@ -69,8 +69,8 @@ async def _profiled_run(url: str, insts_path: Path, per_provider: int,
         finally:
             if prof is not None:
                 prof.disable()
-        cpu = time.process_time() - c0
-    await engine.dispose()
+            cpu = time.process_time() - c0
+            await engine.dispose()
     calls = sum(int(p["calls"]) for p in res.summary.to_json()["providers"])
     return (None if prof is None else pstats.Stats(prof)), time.monotonic() - t0, calls, cpu
 

@@ -37,7 +37,7 @@ import subprocess
 import sys
 import sysconfig
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -86,19 +86,18 @@ def stacks(raw: Path) -> Iterator[tuple[list[str], int]]:
             yield stack.split(";"), int(count)
 
 
-def _innermost(frames: list[str], names: Iterable[str]) -> int:
-    """Index of the innermost frame whose function is one of ``names`` (-1: none)."""
-    wanted = tuple(names)
+def _innermost(frames: list[str], function: str) -> int:
+    """Index of the innermost frame of ``function`` (-1: none on the stack)."""
     for i in range(len(frames) - 1, -1, -1):
-        if frames[i].startswith(wanted):
+        if frames[i].startswith(function + " "):
             return i
     return -1
 
 
 def classify(frames: list[str]) -> str:
     """The place one sample's stack belongs to (the module docstring's list)."""
-    attempt = _innermost(frames, ("MydataClient._attempt ",))
-    chain = _innermost(frames, ("ProviderChain.call ",))
+    attempt = _innermost(frames, "MydataClient._attempt")
+    chain = _innermost(frames, "ProviderChain.call")
     if chain > attempt:  # in the chain, not (or no longer) inside the HTTP attempt
         return CHAIN
     if attempt >= 0:
