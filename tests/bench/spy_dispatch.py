@@ -6,10 +6,10 @@ hook to every Python call and to every resumption of every coroutine in an await
 deep, so it triples a call's cost and swells the small, much-awaited functions; py-spy reads
 the process's stacks from outside, 250 times a second, and the run goes at its own speed.
 Only the samples of a running thread count (a thread asleep in ``select`` or a lock is
-left out), the database driver's threads included; py-spy's idle test is not exact: part of
-aiosqlite's thread waiting in its queue (``core.py:59``) and of the GIL hand-off's sleeps
-are counted as running (300 providers, 2026-12-06: the driver's threads 13 % of the samples,
-90 us a call, against 58 us of their CPU read from ``/proc/self/task`` in a run by hand).
+left out), the database driver's threads included; py-spy's idle test is not exact: part
+of aiosqlite's thread waiting in its queue (``core.py:59``) is counted as running (300
+providers, 2026-12-06: the driver's threads 13 % of the samples, 90 us a call, against 58
+us of their CPU read from ``/proc/self/task`` in a run by hand).
 
 Each sample is put in one place, by the frames on its stack (``classify``):
 
@@ -18,8 +18,7 @@ Each sample is put in one place, by the frames on its stack (``classify``):
   client's refresh outside the chain, and aiohttp's and httpx's callbacks on the loop;
 - **ours**: the chain's own work (under ``ProviderChain.call``, not in the attempt), the
   dispatcher, the database (SQLAlchemy, the drivers and their threads, ``batch/db``), the
-  SQLite GIL hand-off's turns (batch/db/handoff.py: a sleep, not CPU, but py-spy catches
-  part of it as running), the metrics, the rest of ``batch/``;
+  metrics, the rest of ``batch/``;
 - **the event loop**: asyncio's own turn (both run it).
 
 Printed: each place's share of the samples and, from this process's CPU time over the
@@ -45,10 +44,9 @@ RATE = 250  # samples a second
 
 HTTP = "HTTP layer ((a3) runs it too)"
 LOOP = "event loop (both)"
-CHAIN, DISPATCH, DB, HANDOFF, METRICS, OURS = (
-    "ours: chain", "ours: dispatcher", "ours: database", "ours: SQLite's GIL hand-off",
-    "ours: metrics", "ours: other batch/")
-PLACES = (HTTP, LOOP, CHAIN, DISPATCH, DB, HANDOFF, METRICS, OURS)
+CHAIN, DISPATCH, DB, METRICS, OURS = (
+    "ours: chain", "ours: dispatcher", "ours: database", "ours: metrics", "ours: other batch/")
+PLACES = (HTTP, LOOP, CHAIN, DISPATCH, DB, METRICS, OURS)
 _HTTP_LIBS = ("aiohttp/", "httpx/", "httpx_aiohttp/", "yarl/", "multidict/")
 _DB_LIBS = ("sqlalchemy/", "aiosqlite/", "asyncpg/", "batch/db/")
 
@@ -105,8 +103,6 @@ def classify(frames: list[str]) -> str:
     joined = ";".join(frames)
     if "MydataClient." in joined:
         return HTTP  # the client's refresh around its calls, as (a3) runs it
-    if "GilHandoff._pause" in joined:
-        return HANDOFF  # its 10 us sleeps (about 80 us each), which py-spy partly counts
     if any(lib in joined for lib in _DB_LIBS):
         return DB
     if any(lib in joined for lib in _HTTP_LIBS):
