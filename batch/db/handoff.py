@@ -28,6 +28,7 @@ took 71 ms against 86, the 700 outcomes' write 91 against 107 (test_sqlite_hando
 from __future__ import annotations
 
 import sys
+import threading
 from types import TracebackType
 
 #: the switch interval (seconds) while a statement is in flight anywhere in the process
@@ -35,23 +36,27 @@ SWITCH_INTERVAL = 100e-6
 
 
 class _Interval:
-    """The process's one lowered switch interval, counted across every hand-off."""
+    """The process's one lowered switch interval, counted across every hand-off (of any
+    thread's event loop: the count is under a lock)."""
 
     active = 0
     saved = 0.0
+    lock = threading.Lock()
 
     @classmethod
     def enter(cls) -> None:
-        if cls.active == 0:
-            cls.saved = sys.getswitchinterval()
-            sys.setswitchinterval(min(cls.saved, SWITCH_INTERVAL))
-        cls.active += 1
+        with cls.lock:
+            if cls.active == 0:
+                cls.saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(cls.saved, SWITCH_INTERVAL))
+            cls.active += 1
 
     @classmethod
     def leave(cls) -> None:
-        cls.active -= 1
-        if cls.active == 0:
-            sys.setswitchinterval(cls.saved)
+        with cls.lock:
+            cls.active -= 1
+            if cls.active == 0:
+                sys.setswitchinterval(cls.saved)
 
 
 class GilHandoff:

@@ -57,8 +57,9 @@ async def test_a_statement_that_raises_still_restores_the_interval() -> None:
 def test_a_thread_gets_the_gil_from_a_busy_loop_only_under_the_hand_off() -> None:
     """The starvation it exists for, counted rather than timed: a thread wanting the GIL
     in short bursts (as the driver's does between a statement's steps) against a loop
-    that drops the GIL only for an instant each turn. Over the same number of the loop's
-    turns the thread gets many times more bursts in under the hand-off."""
+    that drops the GIL only for an instant each turn (a loaded machine may hand it over
+    there, once a turn). Over the same turns of the loop the thread gets many times more
+    bursts in under the hand-off (it asks for the GIL within the turns)."""
 
     def bursts(turns: int, under: bool) -> int:
         done = 0
@@ -73,7 +74,7 @@ def test_a_thread_gets_the_gil_from_a_busy_loop_only_under_the_hand_off() -> Non
         async def busy() -> None:
             for _ in range(turns):
                 x = 0
-                for i in range(20_000):  # a turn of pure Python, ~1 ms
+                for i in range(100_000):  # a turn of pure Python, ~5 ms
                     x += i
                 await asyncio.sleep(0)
 
@@ -93,6 +94,11 @@ def test_a_thread_gets_the_gil_from_a_busy_loop_only_under_the_hand_off() -> Non
             t.join()
         return done
 
-    starved = bursts(200, under=False)
-    handed = bursts(200, under=True)
+    # Outside the hand-off the thread asks for the GIL only after a whole interval without
+    # a switch: 50 ms here (5 by default), so that a loaded machine stretching the loop's
+    # turns past it does not hand the thread the GIL by chance; the hand-off lowers it all
+    # the same.
+    sys.setswitchinterval(0.05)
+    starved = bursts(60, under=False)  # at most about one burst a turn, at its select()
+    handed = bursts(60, under=True)
     assert handed > 4 * max(starved, 1), (starved, handed)
