@@ -74,7 +74,7 @@ def test_a_thread_gets_the_gil_from_a_busy_loop_only_under_the_hand_off() -> Non
         async def busy() -> None:
             for _ in range(turns):
                 x = 0
-                for i in range(100_000):  # a turn of pure Python, ~5 ms
+                for i in range(200_000):  # a turn of pure Python, ~10 ms
                     x += i
                 await asyncio.sleep(0)
 
@@ -99,6 +99,6 @@ def test_a_thread_gets_the_gil_from_a_busy_loop_only_under_the_hand_off() -> Non
     # turns past it does not hand the thread the GIL by chance; the hand-off lowers it all
     # the same.
     sys.setswitchinterval(0.05)
-    starved = bursts(60, under=False)  # at most about one burst a turn, at its select()
-    handed = bursts(60, under=True)
+    starved = bursts(40, under=False)  # at most about one burst a turn, at its select()
+    handed = bursts(40, under=True)
     assert handed > 4 * max(starved, 1), (starved, handed)
