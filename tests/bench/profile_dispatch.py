@@ -10,7 +10,8 @@ under the profiler. ``PROFILE_PROVIDERS=300`` profiles the many-providers case i
 minute, not saturated: where an unsaturated process's time goes). Prints the top
 entries by own time and by cumulative time, and saves the
 raw profile to ``PROFILE_OUT`` (default: a temporary directory; the path is printed;
-browse it with ``python -m pstats``).
+browse it with ``python -m pstats``). What SQLite's driver thread spends on each statement:
+``python -m tests.bench.sqlite_statements``.
 """
 
 from __future__ import annotations
