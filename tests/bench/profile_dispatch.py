@@ -26,7 +26,7 @@ import tempfile
 import time
 import uuid
 from collections import defaultdict
-from contextlib import nullcontext
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -49,31 +49,29 @@ from tests.conftest import PG_ADMIN_URL, _admin
 from tests.integration.helpers import free_ports
 from tests.sealing import CIPHER
 
+#: the simulator's scenario for these runs: answers at once, one item per consent
+SCENARIO = "[defaults]\nlatency_median_ms = 0\nitems_min = 1\nitems_max = 1\n"
 
-async def _profiled_run(url: str, insts_path: Path, per_provider: int,
-                        spy_out: Path | None = None) -> tuple[pstats.Stats | None, float, int,
-                                                              float]:
-    """The run under cProfile, or sampled by py-spy into ``spy_out`` when given; returns
-    the profile (cProfile), the run's seconds, its calls and this process's CPU seconds."""
+
+async def saturated_day(url: str, insts_path: Path, per_provider: int,
+                        during: AbstractContextManager[object]) -> tuple[float, int, float]:
+    """``run_day`` over a one-minute plan of ``per_provider`` refreshes a provider, inside
+    ``during`` (a profiler, a sampler, a probe), entered once the database is ready;
+    returns the run's seconds, its calls and this process's CPU seconds."""
     insts = load_institutions(insts_path)
     engine = await _prepare(url, insts, {FIRST_MINUTE: per_provider})
     clock = ScaledClock(1.0, start=datetime(2026, 11, 30, 0, 59, 57, tzinfo=KST))
-    prof = cProfile.Profile() if spy_out is None else None
     t0, c0 = time.monotonic(), time.process_time()
-    with nullcontext() if spy_out is None else sampling(spy_out):
-        if prof is not None:
-            prof.enable()
-        try:
+    try:
+        with during:
             res = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(
                 progress="none", lease=timedelta(minutes=10)), stream=io.StringIO(),
                 install_signals=False)
-        finally:
-            if prof is not None:
-                prof.disable()
-            cpu = time.process_time() - c0
-            await engine.dispose()
+    finally:
+        cpu = time.process_time() - c0
+        await engine.dispose()
     calls = sum(int(p["calls"]) for p in res.summary.to_json()["providers"])
-    return (None if prof is None else pstats.Stats(prof)), time.monotonic() - t0, calls, cpu
+    return time.monotonic() - t0, calls, cpu
 
 
 _OURS = str(Path(batch.__file__).resolve().parent) + os.sep
@@ -120,7 +118,7 @@ def main() -> None:
         path.write_text(_institutions_toml(free_ports(PROVIDERS)))
         per_provider = int(rate * 60 / CALLS_PER_REFRESH / PROVIDERS)
     scen = tmp / "scenario.toml"
-    scen.write_text("[defaults]\nlatency_median_ms = 0\nitems_min = 1\nitems_max = 1\n")
+    scen.write_text(SCENARIO)
     name = f"mydata_p_{uuid.uuid4().hex[:12]}"
     if backend == "sqlite":
         url = f"sqlite+aiosqlite:///{tmp / name}.db"
@@ -132,8 +130,9 @@ def main() -> None:
         tmp / (f"py-spy-{backend}.txt" if spy else f"profile-{backend}.prof"))))
     try:
         with SimulatorProcess(path, scenario_path=scen, window_override=["0000:2359"]):
-            stats, seconds, calls, cpu = asyncio.run(_profiled_run(
-                url, path, per_provider, out if spy else None))
+            prof = None if spy else cProfile.Profile()
+            seconds, calls, cpu = asyncio.run(saturated_day(
+                url, path, per_provider, sampling(out) if prof is None else prof))
     finally:
         if backend != "sqlite":
             asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
@@ -141,10 +140,11 @@ def main() -> None:
     print(f"== {'py-spy' if spy else 'cProfile'} of {what} on {backend}: {calls:,} calls in "
           f"{seconds:.1f} s (offered {rate:g} calls/s; {os.getloadavg()[0]:.2f} load) "
           f"-> {out} ==")
-    if stats is None:
+    if prof is None:
         print(report(out, cpu=cpu, calls=calls, top=top))
         sys.stdout.flush()
         return
+    stats = pstats.Stats(prof)
     stats.dump_stats(out)
     print(by_package(stats))
     stats.sort_stats("tottime").print_stats(top)

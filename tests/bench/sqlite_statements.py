@@ -14,31 +14,21 @@ the thread's CPU a call in all and per statement, busiest first.
 from __future__ import annotations
 
 import asyncio
-import io
 import os
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from datetime import datetime, timedelta
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import aiosqlite.core
 
-from batch.clock import KST, ScaledClock
-from batch.config import load_institutions
-from batch.dispatch.runner import RunOptions, run_day
 from batch.simulator import SimulatorProcess
-from tests.bench.test_dispatch_throughput import (
-    CALLS_PER_REFRESH,
-    FIRST_MINUTE,
-    PROVIDERS,
-    _institutions_toml,
-    _prepare,
-)
+from tests.bench.profile_dispatch import SCENARIO, saturated_day
+from tests.bench.test_dispatch_throughput import CALLS_PER_REFRESH, PROVIDERS, _institutions_toml
 from tests.integration.helpers import free_ports
-from tests.sealing import CIPHER
 
 #: per statement (or driver method): [operations, thread CPU seconds]
 _THREAD: defaultdict[str, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -78,20 +68,12 @@ def _instrument() -> None:
     aiosqlite.core.Connection._execute = _execute  # type: ignore[method-assign]
 
 
-async def _run(url: str, path: Path, per_provider: int) -> tuple[int, float]:
-    engine = await _prepare(url, load_institutions(path), {FIRST_MINUTE: per_provider})
+@contextmanager
+def _counting() -> Iterator[None]:
+    """The run's operations only (not the database's making before it)."""
     _THREAD.clear()
     _WALL.clear()
-    clock = ScaledClock(1.0, start=datetime(2026, 11, 30, 0, 59, 57, tzinfo=KST))
-    c0 = time.process_time()
-    try:
-        res = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(
-            progress="none", lease=timedelta(minutes=10)), stream=io.StringIO(),
-            install_signals=False)
-    finally:
-        cpu = time.process_time() - c0
-        await engine.dispose()
-    return sum(int(p["calls"]) for p in res.summary.to_json()["providers"]), cpu
+    yield
 
 
 def main() -> None:
@@ -101,11 +83,12 @@ def main() -> None:
     path = tmp / "institutions.toml"
     path.write_text(_institutions_toml(free_ports(PROVIDERS)))
     scen = tmp / "scenario.toml"
-    scen.write_text("[defaults]\nlatency_median_ms = 0\nitems_min = 1\nitems_max = 1\n")
+    scen.write_text(SCENARIO)
     _instrument()
     with SimulatorProcess(path, scenario_path=scen, window_override=["0000:2359"]):
-        calls, cpu = asyncio.run(_run(f"sqlite+aiosqlite:///{tmp / 'bench.db'}", path,
-                                      int(rate * 60 / CALLS_PER_REFRESH / PROVIDERS)))
+        _, calls, cpu = asyncio.run(saturated_day(
+            f"sqlite+aiosqlite:///{tmp / 'bench.db'}", path,
+            int(rate * 60 / CALLS_PER_REFRESH / PROVIDERS), _counting()))
     calls = max(calls, 1)
     wall = sorted(_WALL) or [0.0]
     thread = sum(t for _, t in _THREAD.values())
