@@ -18,11 +18,17 @@ out; the ``FakeClock`` of the tests keeps its own.
 from __future__ import annotations
 
 import asyncio
+from asyncio import tasks as _tasks
 from collections import deque
+from threading import get_ident
 from types import TracebackType
 from weakref import WeakKeyDictionary
 
 _current_task = asyncio.current_task
+#: the task each running loop is running (what ``asyncio.current_task`` reads)
+_running: dict[asyncio.AbstractEventLoop, asyncio.Task[object]] = (
+    _tasks._current_tasks)  # type: ignore[attr-defined]  # asyncio's own, not typeshed's
+_running_task = _running.get
 _CancelledError = asyncio.CancelledError
 
 
@@ -44,14 +50,23 @@ class Deadline:
     async def __aenter__(self) -> Deadline:
         seconds = self.seconds
         if seconds is not None:
-            task = _current_task()
+            given = self._queue
+            queue = given if given is not None else _last[1]
+            # The loop's running task read straight from asyncio's table when the queue's
+            # loop is the one running in this thread: ``asyncio.current_task`` asks for the
+            # running loop, which in Python 3.11 makes a getpid system call each time.
+            task = (_running_task(queue._loop) if queue is not None
+                    and getattr(queue._loop, "_thread_id", None) == get_ident() else None)
             if task is None:
-                raise RuntimeError("a timeout must be used inside a task")
+                task = _current_task()
+                if task is None:
+                    raise RuntimeError("a timeout must be used inside a task")
+                if given is None:
+                    queue = _of_loop(task.get_loop())
+            assert queue is not None
+            self._queue = queue
             self.task = task
             self._cancelling = task.cancelling()
-            queue = self._queue
-            if queue is None:
-                queue = self._queue = _of_loop(task.get_loop())
             queue.add(self, seconds)
         return self
 

@@ -167,6 +167,7 @@ class ProviderDispatcher:
         self._marked = 0  # the queue's first claims already marked started
         self._marking: asyncio.Task[None] | None = None  # the start mark in flight
         self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # set as the day runs
         self._held: set[int] = set()  # claims queued or in flight: ours, lease renewed
         self._retaken: set[int] = set()  # claimed again while held: give back once written
         self._rate = 0.0  # refreshes per second in the current minute, for the producer
@@ -491,8 +492,14 @@ class ProviderDispatcher:
         self.stats.in_flight += 1
         if self.stats.first_start is None:
             self.stats.first_start = self._clock.monotonic()
-        task = asyncio.create_task(self._one(claim, not_after),
-                                   name=f"refresh-{self.org_code}-{claim.id}")
+        # the loop's own create_task: asyncio.create_task asks for the running loop, a
+        # getpid system call each time in Python 3.11 (a refresh's tasks and timeouts made
+        # 1.5 of them a call)
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        task = loop.create_task(self._one(claim, not_after),
+                                name=f"refresh-{self.org_code}-{claim.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -552,6 +559,7 @@ class ProviderDispatcher:
 
     async def run(self, stop: asyncio.Event, *, grace: float = 30.0) -> list[int]:
         """Run today's remaining minutes; returns the ids of claims released unstarted."""
+        self._loop = asyncio.get_running_loop()
         producer = asyncio.create_task(self._produce(stop), name=f"producer-{self.org_code}")
         try:
             await self._consume(stop)

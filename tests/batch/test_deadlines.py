@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -171,3 +172,46 @@ async def test_the_running_loop_has_one_queue() -> None:
     async with timeout(0.5):
         assert first.pending == 1  # the block waits in the running loop's queue
     assert first.pending == 0
+
+
+def test_a_timeout_takes_its_own_task_while_another_loop_runs_in_a_thread() -> None:
+    # The block finds its task in asyncio's table of running tasks through the last loop
+    # asked about; here that loop is running in another thread, so the block must not take
+    # that loop's task (and time out the wrong call) but its own.
+    started, release = threading.Event(), threading.Event()
+    theirs: list[asyncio.Task[Any] | None] = []
+
+    async def other() -> None:
+        async with timeout(30):  # this loop becomes the last one asked about
+            theirs.append(asyncio.current_task())
+            started.set()
+            await asyncio.get_running_loop().run_in_executor(None, release.wait, 10)
+
+    thread = threading.Thread(target=asyncio.run, args=(other(),))
+    thread.start()
+    try:
+        assert started.wait(10)
+
+        async def mine() -> bool:
+            try:
+                async with timeout(0.01):
+                    await asyncio.sleep(5)
+            except TimeoutError:
+                return True
+            return False
+
+        assert asyncio.run(mine())  # timed out on its own loop, in time
+        assert theirs[0] is not None and not theirs[0].cancelling()
+    finally:
+        release.set()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+async def test_blocks_on_the_running_loop_find_their_task() -> None:
+    async def block() -> asyncio.Task[Any] | None:
+        d = timeout(5)
+        async with d:
+            return d.task
+    tasks = [asyncio.create_task(block()) for _ in range(3)]
+    assert await asyncio.gather(*tasks) == tasks
