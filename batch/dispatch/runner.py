@@ -21,11 +21,11 @@ import signal
 import socket
 import sys
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import httpx
 from sqlalchemy import insert, update
@@ -517,19 +517,25 @@ async def run_day(
     return RunResult(summary, summary.exit_code)
 
 
+async def _at_once(result: RefreshResult) -> RefreshResult:
+    return result
+
+
 def _refresher(client: MydataClient, store: work.WorkStore
-               ) -> Callable[[work.Claim, float | None], Any]:
-    async def refresh(claim: work.Claim, not_after: float | None) -> RefreshResult:
+               ) -> Callable[[work.Claim, float | None], Awaitable[RefreshResult]]:
+    # A plain function handing back the client's coroutine, not a coroutine awaiting it:
+    # every resumption of a refresh (each answer read) passes through one frame less.
+    def refresh(claim: work.Claim, not_after: float | None) -> Awaitable[RefreshResult]:
         try:
             access = store.open_access(claim)
         except TokenKeyError as exc:  # this consent alone: dead-lettered, for the operator
-            return RefreshResult(Outcome(Kind.CLIENT, detail=str(exc)), calls=0)
+            return _at_once(RefreshResult(Outcome(Kind.CLIENT, detail=str(exc)), calls=0))
 
         async def save(access: str, refresh_token: str | None) -> None:
             await store.save_token(TokenRefreshed.of(claim, access, refresh_token))
         # the refresh token opens only if a 40101 needs it (an AES-GCM decryption saved on
         # nearly every refresh); one that does not open fails its consent then, alone
-        return await client.refresh(
+        return client.refresh(
             access_token=access,
             refresh_token=(None if claim.refresh_token is None
                            else partial(store.open_refresh, claim)),
