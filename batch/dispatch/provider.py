@@ -166,7 +166,10 @@ class ProviderDispatcher:
         self._queue: deque[work.Claim] = deque()
         self._marked = 0  # the queue's first claims already marked started
         self._marking: asyncio.Task[None] | None = None  # the start mark in flight
-        self._tasks: set[asyncio.Task[None]] = set()
+        #: refreshes under way by start number; each takes itself out as it ends (no done
+        #: callback: that was one more handle through the loop a refresh)
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._started = 0
         self._loop: asyncio.AbstractEventLoop | None = None  # set as the day runs
         self._held: set[int] = set()  # claims queued or in flight: ours, lease renewed
         self._retaken: set[int] = set()  # claimed again while held: give back once written
@@ -498,12 +501,11 @@ class ProviderDispatcher:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-        task = loop.create_task(self._one(claim, not_after),
-                                name=f"refresh-{self.org_code}-{claim.id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        key = self._started = self._started + 1
+        self._tasks[key] = loop.create_task(self._one(claim, not_after, key),
+                                            name=f"refresh-{self.org_code}-{claim.id}")
 
-    async def _one(self, claim: work.Claim, not_after: float | None) -> None:
+    async def _one(self, claim: work.Claim, not_after: float | None, key: int) -> None:
         try:
             result = await self._refresh(claim, not_after)
         except asyncio.CancelledError:
@@ -518,6 +520,8 @@ class ProviderDispatcher:
                                                     "consent_id": claim.id})
             result = RefreshResult(
                 Outcome(Kind.CLIENT, detail=f"internal error: {type(exc).__name__}"), calls=0)
+        finally:
+            del self._tasks[key]
         self._finish(claim, result)
 
     def _finish(self, claim: work.Claim, result: RefreshResult) -> None:
@@ -545,7 +549,7 @@ class ProviderDispatcher:
     async def _drain(self, grace: float | None) -> None:
         if not self._tasks:
             return
-        pending = set(self._tasks)
+        pending = set(self._tasks.values())
         if grace is None:
             await asyncio.gather(*pending, return_exceptions=True)
             return
