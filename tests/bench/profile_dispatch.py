@@ -26,9 +26,13 @@ import tempfile
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import NamedTuple
+
+import httpx
 
 import batch
 from batch.clock import KST, ScaledClock
@@ -53,25 +57,36 @@ from tests.sealing import CIPHER
 SCENARIO = "[defaults]\nlatency_median_ms = 0\nitems_min = 1\nitems_max = 1\n"
 
 
+class DayFigures(NamedTuple):
+    """What :func:`saturated_day` measured."""
+
+    seconds: float  # the run's wall time
+    calls: int
+    cpu: float  # this process's CPU seconds (every thread)
+    loop_cpu: float  # the event loop's thread alone
+
+
 async def saturated_day(url: str, insts_path: Path, per_provider: int,
-                        during: AbstractContextManager[object]) -> tuple[float, int, float]:
+                        during: AbstractContextManager[object], *, speed: float = 1.0,
+                        http_factory: Callable[[int], httpx.AsyncClient] | None = None,
+                        ) -> DayFigures:
     """``run_day`` over a one-minute plan of ``per_provider`` refreshes a provider, inside
-    ``during`` (a profiler, a sampler, a probe), entered once the database is ready;
-    returns the run's seconds, its calls and this process's CPU seconds."""
+    ``during`` (a profiler, a sampler, a probe), entered once the database is ready; the
+    clock runs at ``speed`` and ``http_factory`` replaces the HTTP client (run_day's)."""
     insts = load_institutions(insts_path)
     engine = await _prepare(url, insts, {FIRST_MINUTE: per_provider})
-    clock = ScaledClock(1.0, start=datetime(2026, 11, 30, 0, 59, 57, tzinfo=KST))
-    t0, c0 = time.monotonic(), time.process_time()
+    clock = ScaledClock(speed, start=datetime(2026, 11, 30, 0, 59, 57, tzinfo=KST))
+    t0, c0, m0 = time.monotonic(), time.process_time(), time.thread_time()
     try:
         with during:
             res = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(
                 progress="none", lease=timedelta(minutes=10)), stream=io.StringIO(),
-                install_signals=False)
+                install_signals=False, http_factory=http_factory)
     finally:
-        cpu = time.process_time() - c0
+        cpu, loop_cpu = time.process_time() - c0, time.thread_time() - m0
         await engine.dispose()
     calls = sum(int(p["calls"]) for p in res.summary.to_json()["providers"])
-    return time.monotonic() - t0, calls, cpu
+    return DayFigures(time.monotonic() - t0, calls, cpu, loop_cpu)
 
 
 _OURS = str(Path(batch.__file__).resolve().parent) + os.sep
@@ -131,7 +146,7 @@ def main() -> None:
     try:
         with SimulatorProcess(path, scenario_path=scen, window_override=["0000:2359"]):
             prof = None if spy else cProfile.Profile()
-            seconds, calls, cpu = asyncio.run(saturated_day(
+            seconds, calls, cpu, _ = asyncio.run(saturated_day(
                 url, path, per_provider, sampling(out) if prof is None else prof))
     finally:
         if backend != "sqlite":

@@ -86,7 +86,7 @@ def main() -> None:
     scen.write_text(SCENARIO)
     _instrument()
     with SimulatorProcess(path, scenario_path=scen, window_override=["0000:2359"]):
-        _, calls, cpu = asyncio.run(saturated_day(
+        _, calls, cpu, _ = asyncio.run(saturated_day(
             f"sqlite+aiosqlite:///{tmp / 'bench.db'}", path,
             int(rate * 60 / CALLS_PER_REFRESH / PROVIDERS), _counting()))
     calls = max(calls, 1)

@@ -25,30 +25,20 @@ the times is asserted; it is the instrument for a change of a few microseconds a
 from __future__ import annotations
 
 import asyncio
-import io
 import os
 import statistics
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 
-from batch.client import MydataClient, make_http_client
-from batch.clock import KST, ScaledClock, SystemClock
+from batch.client import make_http_client
 from batch.config import Institutions, load_institutions
-from batch.dispatch.runner import RunOptions, run_day
-from batch.tranid import TranIdGenerator
-from tests.bench.test_dispatch_throughput import (
-    FIRST_MINUTE,
-    _institutions_toml,
-    _PassThrough,
-    _prepare,
-    fresh_db,
-)
+from tests.bench.profile_dispatch import saturated_day
+from tests.bench.test_dispatch_throughput import _institutions_toml, client_loop, fresh_db
 from tests.bench.test_refresh_overhead import Canned
-from tests.sealing import CIPHER
 
 __all__ = ["fresh_db"]  # the fixture, used below
 
@@ -62,46 +52,22 @@ A3_SECONDS = 4.0
 A3_CONCURRENCY = 200
 
 
-async def _a3(insts: Institutions) -> float:
+def _a3(insts: Institutions) -> float:
     """(a3) for A3_SECONDS: CPU seconds a call."""
-    calls = 0
-    deadline = time.monotonic() + A3_SECONDS
-    clock = SystemClock()
-    tran_ids = TranIdGenerator("OPERATOR01", node_id=7)
-
-    async def worker(client: MydataClient, k: int) -> None:
-        nonlocal calls
-        n = 0
-        while time.monotonic() < deadline:
-            n += 1
-            r = await client.refresh(access_token=f"a3-{k}-{n}", refresh_token=None)
-            assert r.outcome.ok, r
-            calls += r.calls
-
-    async with make_http_client(transport=Canned()) as http:
-        clients = [MydataClient(p, http=http, chain=_PassThrough(), tran_ids=tran_ids,
-                                clock=clock) for p in insts.providers]
-        c0 = time.process_time()
-        await asyncio.gather(*(worker(clients[i % len(clients)], i)
-                               for i in range(A3_CONCURRENCY)))
-        return (time.process_time() - c0) / max(calls, 1)
+    c0 = time.process_time()
+    calls, ok = asyncio.run(client_loop(insts, A3_CONCURRENCY, A3_SECONDS,
+                                        transport=Canned()))
+    assert ok == calls > 0, (ok, calls)
+    return (time.process_time() - c0) / calls
 
 
-async def _full(url: str, insts: Institutions) -> tuple[float, float, int]:
+def _full(url: str, insts_path: Path) -> tuple[float, float, int]:
     """(full) on a new database at ``url``: CPU seconds a call, the loop thread's, calls."""
-    engine = await _prepare(url, insts, {FIRST_MINUTE: PER_PROVIDER})
-    clock = ScaledClock(SPEED, start=datetime(2026, 11, 30, 0, 59, 57, tzinfo=KST))
-    try:
-        c0, m0 = time.process_time(), time.thread_time()
-        res = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(
-            progress="none", lease=timedelta(minutes=10)), stream=io.StringIO(),
-            install_signals=False, http_factory=lambda n: make_http_client(transport=Canned()))
-        cpu, main = time.process_time() - c0, time.thread_time() - m0
-    finally:
-        await engine.dispose()
-    calls = sum(int(p["calls"]) for p in res.summary.to_json()["providers"])
-    assert calls > 0
-    return cpu / calls, main / calls, calls
+    day = asyncio.run(saturated_day(
+        url, insts_path, PER_PROVIDER, nullcontext(), speed=SPEED,
+        http_factory=lambda n: make_http_client(transport=Canned())))
+    assert day.calls > 0
+    return day.cpu / day.calls, day.loop_cpu / day.calls, day.calls
 
 
 @pytest.mark.timeout(1800)
@@ -115,9 +81,9 @@ def test_ours_a_call_in_process(tmp_path: Path, fresh_db: Callable[[str], str]) 
         a3: list[float] = []
         full: list[tuple[float, float, int]] = []
         for _ in range(ROUNDS):
-            a3.append(asyncio.run(_a3(insts)))
-            full.append(asyncio.run(_full(fresh_db(backend), insts)))
-        a3.append(asyncio.run(_a3(insts)))
+            a3.append(_a3(insts))
+            full.append(_full(fresh_db(backend), path))
+        a3.append(_a3(insts))
         a3_us = 1e6 * statistics.median(a3)
         full_us = 1e6 * statistics.median(f[0] for f in full)
         main_us = 1e6 * statistics.median(f[1] for f in full)

@@ -220,10 +220,11 @@ class _PassThrough:
         return await attempt(60.0)
 
 
-async def client_loop(insts: Institutions, concurrency: int,
-                      seconds: float) -> tuple[int, int]:
+async def client_loop(insts: Institutions, concurrency: int, seconds: float, *,
+                      transport: httpx.AsyncBaseTransport | None = None) -> tuple[int, int]:
     """(a3): refreshes through ``MydataClient`` exactly as the product sends them (request
-    building, transport call, response reading, classification), no chain, no DB."""
+    building, transport call, response reading, classification), no chain, no DB
+    (``transport``: another one than the product's, e.g. an in-process one)."""
     calls = ok = 0
     deadline = time.monotonic() + seconds
     clock = SystemClock()
@@ -237,7 +238,7 @@ async def client_loop(insts: Institutions, concurrency: int,
             calls += r.calls
             ok += r.calls if r.outcome.ok else 0
 
-    async with make_http_client(max_connections=concurrency) as http:
+    async with make_http_client(max_connections=concurrency, transport=transport) as http:
         clients = [MydataClient(p, http=http, chain=_PassThrough(), tran_ids=tran_ids,
                                 clock=clock) for p in insts.providers]
         await asyncio.gather(*(worker(clients[i % len(clients)])
