@@ -158,10 +158,14 @@ class ProviderDispatcher:
         self._breaker_open = breaker_open
         self._breaker_state = breaker_state
         self._allowance = allowance
-        #: refreshes under way at most (a few times the provider's concurrency): more would
-        #: only queue at the bulkhead and be refused, each a claim and an outcome written
-        #: for nothing; the starts wait (carried to the next slices) instead
+        #: refreshes under way at most (the provider's concurrency): more would only queue
+        #: at the bulkhead and the HTTP pool, or be refused, each a claim and an outcome
+        #: written for nothing; the starts wait for room instead (``_room_by``)
         self._max_in_flight = max_in_flight
+        #: set while the slice's starts wait for room: resolved by a refresh's end that
+        #: takes the refreshes under way down to ``_room_at``
+        self._room: asyncio.Future[None] | None = None
+        self._room_at = 0
         self.stats = ProviderStats(org_code, day_quota=quota, attempted_before=attempted_before)
         self._queue: deque[work.Claim] = deque()
         self._marked = 0  # the queue's first claims already marked started
@@ -405,11 +409,22 @@ class ProviderDispatcher:
                     self._give_back(owed)
                     owed = 0
                     continue
+                busy = False
                 while owed and self._queue:
                     if (self._max_in_flight is not None
-                            and self.stats.in_flight >= self._max_in_flight()):
-                        self.stats.busy_slices += 1  # the provider is busy: later
-                        break
+                            and self.stats.in_flight >= (cap := self._max_in_flight())):
+                        # The provider is busy: the starts wait for refreshes to end, up to
+                        # the next slice, then go on with the rest owed. Waiting for the next
+                        # slice instead made a provider start at most ``cap`` a slice however
+                        # fast its refreshes ended, so a high rate needed a concurrency far
+                        # above what the provider and the HTTP pool serve well.
+                        if not busy:
+                            busy = True
+                            self.stats.busy_slices += 1
+                        if not await self._room_by(cap, deadline + SLICE_SECONDS) \
+                                or stop.is_set():
+                            break
+                        continue
                     if not self._marked and not await self._marked_now(owed):
                         break
                     self._marked -= 1
@@ -443,6 +458,27 @@ class ProviderDispatcher:
         for j, c in enumerate(slice_counts(extra, len(counts) - k, self._period_phase)):
             counts[k + j] += c
         return extra
+
+    async def _room_by(self, cap: int, until: float) -> bool:
+        """Wait until a quarter of the provider's ``cap`` of refreshes under way is free
+        again (one woken wait starts several, not one a refresh's end), or until the
+        ``until`` time; True if there is room to start."""
+        left = until - self._clock.monotonic()
+        if left <= 0.0:
+            return False
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        self._room_at = cap - max(1, cap // 4)
+        self._room = room = loop.create_future()
+        try:
+            async with self._clock.timeout(left):
+                await room
+        except TimeoutError:
+            pass
+        finally:
+            self._room = None
+        return self.stats.in_flight < cap
 
     def _give_back(self, n: int) -> None:
         if n > 0 and self._allowance is not None:
@@ -532,6 +568,9 @@ class ProviderDispatcher:
             self._writer.add(tokens)
         s = self.stats
         s.in_flight -= 1
+        room = self._room
+        if room is not None and s.in_flight <= self._room_at and not room.done():
+            room.set_result(None)
         s.calls += result.calls
         s.by_action[t.step.value] += 1
         s.by_kind[t.log.kind] += 1

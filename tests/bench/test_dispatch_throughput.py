@@ -116,12 +116,14 @@ def _institutions_toml(ports: list[int]) -> str:
             'windows = ["0100:0700"]',
             # no limiter, no cap from the provider's rate: the plan alone sets the pace
             "calls_per_second = 1000000",
-            # A provider starts at most its bulkhead's limit in one 100 ms slice (the
-            # dispatcher's in-flight cap), so 50 capped the saturated run at 4 x 50 x 10 x 2
-            # = 4,000 calls/s: on a faster machine that, not the CPU, was the full path's
-            # figure. 100: a cap of 8,000, above what the loop can do; the run's 200 HTTP
-            # connections queue the excess, as (a3) at concurrency 200 does.
-            "max_concurrency = 100",
+            # The product's default: at most 20 refreshes under way a provider (the
+            # dispatcher's in-flight cap, its starts waiting for room as refreshes end),
+            # 80 in all, near (a3)'s best concurrency. Calls through the same HTTP layer
+            # cost more CPU the more are under way (2026-12-06, (a3)'s loop by hand, three
+            # rounds: 50 workers on 50 connections 158-175 us a call, 200 on 200 178-190,
+            # 400 on 200 199-222); until then a provider started at most its cap a slice,
+            # so this was 100 (400 under way on 200 connections) for the run to saturate.
+            "max_concurrency = 20",
             "read_timeout = 60",
             "call_deadline = 600",
             "[providers.bulkhead]",

@@ -123,6 +123,34 @@ async def test_starts_wait_while_as_many_refreshes_as_the_provider_takes_are_und
     assert len(left) == 600 - s["succeeded"] and {c.lease_owner for c in left} == {None}
 
 
+async def test_a_busy_provider_starts_again_as_refreshes_end_not_a_slice_later() -> None:
+    # 50 a second planned (5 a slice), each refresh takes 30 ms, at most 5 under way: the
+    # starts go on as refreshes end, inside the slice, so the minute's count is met at
+    # that concurrency; waiting for the next slice whenever 5 were under way started 5 a
+    # slice at most, and the 10 a slice of the second minute could never have been met
+    clock = None
+    running = peak = 0
+
+    async def quick(claim: Claim, not_after: float | None) -> RefreshResult:
+        nonlocal running, peak
+        assert clock is not None
+        running += 1
+        peak = max(peak, running)
+        await clock.sleep(0.03)
+        running -= 1
+        return RefreshResult(OK, calls=1)
+
+    clock, _store, d, writer, _ = _setup(12_000, {60: 3000, 61: 6000}, refresh=quick,
+                                         max_in_flight=5)
+    await _run(clock, d, writer, 200)
+    s = d.stats.summary()
+    assert peak == 5
+    assert s["succeeded"] == 9000 and s["not_attempted"] == 0
+    assert [(r.planned, r.started) for r in d.stats.minutes] == [(3000, 3000), (6000, 6000)]
+    assert s["busy_slices"] > 0
+    assert d.stats.missed_slices == 0
+
+
 async def test_a_short_minute_is_made_up_in_the_following_minutes() -> None:
     clock, store, d, writer, starts = _setup(300, {60: 100, 61: 100, 62: 100})
     # Only 40 consents can be claimed during the first minute.
