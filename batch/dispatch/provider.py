@@ -460,9 +460,9 @@ class ProviderDispatcher:
         return extra
 
     async def _room_by(self, cap: int, until: float) -> bool:
-        """Wait until a quarter of the provider's ``cap`` of refreshes under way is free
-        again (one woken wait starts several, not one a refresh's end), or until the
-        ``until`` time; True if there is room to start."""
+        """Wait until a quarter of the provider's ``cap`` of refreshes under way (at least
+        one) is free again (one woken wait starts several, not one a refresh's end), or
+        until the ``until`` time; True if there is room to start."""
         left = until - self._clock.monotonic()
         if left <= 0.0:
             return False
