@@ -174,7 +174,7 @@ class ProviderDispatcher:
         #: callback: that was one more handle through the loop a refresh)
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._started = 0
-        self._loop: asyncio.AbstractEventLoop | None = None  # set as the day runs
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by run()
         self._held: set[int] = set()  # claims queued or in flight: ours, lease renewed
         self._retaken: set[int] = set()  # claimed again while held: give back once written
         self._rate = 0.0  # refreshes per second in the current minute, for the producer
@@ -467,8 +467,7 @@ class ProviderDispatcher:
         if left <= 0.0:
             return False
         loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
+        assert loop is not None  # set by run(), the only way here
         self._room_at = cap - max(1, cap // 4)
         self._room = room = loop.create_future()
         try:
@@ -535,8 +534,7 @@ class ProviderDispatcher:
         # getpid system call each time in Python 3.11 (a refresh's tasks and timeouts made
         # 1.5 of them a call)
         loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
+        assert loop is not None  # set by run(), the only way here
         key = self._started = self._started + 1
         self._tasks[key] = loop.create_task(self._one(claim, not_after, key),
                                             name=f"refresh-{self.org_code}-{claim.id}")
