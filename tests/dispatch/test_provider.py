@@ -97,26 +97,34 @@ async def test_a_slow_refresh_never_delays_the_next_tick() -> None:
     assert d.stats.succeeded == 120
 
 
+class _Timed:
+    """A refresh that takes ``seconds`` on the test's clock and counts how many are under
+    way at once (``peak``); ``clock`` is set once ``_setup`` has made it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.clock: FakeClock | None = None
+        self.running = self.peak = 0
+
+    async def __call__(self, claim: Claim, not_after: float | None) -> RefreshResult:
+        assert self.clock is not None
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        await self.clock.sleep(self.seconds)
+        self.running -= 1
+        return RefreshResult(OK, calls=1)
+
+
 async def test_starts_wait_while_as_many_refreshes_as_the_provider_takes_are_under_way(
 ) -> None:
     # 10 a second planned, each refresh takes 2 s, at most 5 under way: 2.5 a second start,
     # the rest wait in the queue (no refusal, no claim and outcome written for nothing)
-    clock = None
-    running = peak = 0
-
-    async def slow(claim: Claim, not_after: float | None) -> RefreshResult:
-        nonlocal running, peak
-        assert clock is not None
-        running += 1
-        peak = max(peak, running)
-        await clock.sleep(2)
-        running -= 1
-        return RefreshResult(OK, calls=1)
-
+    slow = _Timed(2)
     clock, store, d, writer, _ = _setup(600, {60: 600}, refresh=slow, max_in_flight=5)
+    slow.clock = clock
     await _run(clock, d, writer, 130)
     s = d.stats.summary()
-    assert peak == 5
+    assert slow.peak == 5
     assert 120 <= s["succeeded"] <= 130 and s["not_attempted"] == 0  # 50 s: finish margin
     assert s["busy_slices"] > 0
     left = [c for c in store.consents.values() if c.due_week == WEEK]
@@ -127,24 +135,15 @@ async def test_a_busy_provider_starts_again_as_refreshes_end_not_a_slice_later()
     # 50 a second planned (5 a slice), each refresh takes 30 ms, at most 5 under way: the
     # starts go on as refreshes end, inside the slice, so the minute's count is met at
     # that concurrency; waiting for the next slice whenever 5 were under way started 5 a
-    # slice at most, and the 10 a slice of the second minute could never have been met
-    clock = None
-    running = peak = 0
-
-    async def quick(claim: Claim, not_after: float | None) -> RefreshResult:
-        nonlocal running, peak
-        assert clock is not None
-        running += 1
-        peak = max(peak, running)
-        await clock.sleep(0.03)
-        running -= 1
-        return RefreshResult(OK, calls=1)
-
+    # slice at most, and the 12 a slice of the second minute (the window's last: 500
+    # slices before its finish margin) could never have been met
+    quick = _Timed(0.03)
     clock, _store, d, writer, _ = _setup(12_000, {60: 3000, 61: 6000}, refresh=quick,
                                          max_in_flight=5)
+    quick.clock = clock
     await _run(clock, d, writer, 200)
     s = d.stats.summary()
-    assert peak == 5
+    assert quick.peak == 5
     assert s["succeeded"] == 9000 and s["not_attempted"] == 0
     assert [(r.planned, r.started) for r in d.stats.minutes] == [(3000, 3000), (6000, 6000)]
     assert s["busy_slices"] > 0
