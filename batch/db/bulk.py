@@ -26,16 +26,18 @@ was most of the client's cost of a write (tests/bench/profile_dispatch.py):
   took the update's and the insert's making from 1.6 to 0.8 ms each (300 refreshes done,
   medians of 60), and the update is now made before the transaction as on PostgreSQL:
   the loop's CPU for a whole 300-refresh flush fell from 7.2 and 5.2 ms to 5.6 and 3.7
-  (two alternated rounds, medians of 40). SQLite runs in the driver's
-  thread, which
-  takes the GIL back after each row it steps; against a busy event loop each of those
-  waits up to the switch interval (5 ms): a 700-row write row by row (``executemany``)
-  took a minute there, as one statement 0.1 s.
+  (two alternated rounds, medians of 40). SQLite runs in a thread of its own
+  (:func:`batch.db.engine.run_transaction`), which takes the GIL back after each row it
+  steps; against a busy event loop each of those waits up to the switch interval (5 ms):
+  a 700-row write row by row (``executemany``) took a minute there, as one statement 0.1 s.
 
-Every consent update is guarded by the lease (``lease_owner = worker``) and says which rows
-it changed, so a late write from a worker whose lease expired changes nothing. A flush makes
-its statements before its transaction opens (:class:`Prepared`): inside it, each turn of the
-event loop only sends one (the lease is still checked as the statement runs).
+The functions here are synchronous, on a ``Connection``: the store runs each transaction
+whole through :func:`batch.db.engine.run_transaction` (in SQLite's thread, or on the async
+connection through ``run_sync``). Every consent update is guarded by the lease
+(``lease_owner = worker``) and says which rows it changed, so a late write from a worker
+whose lease expired changes nothing. A flush makes its statements before its transaction
+opens (:class:`Prepared`), off the SQLite turn: the transaction only sends them (the lease
+is still checked as the statement runs).
 """
 
 from __future__ import annotations
@@ -47,8 +49,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import BigInteger, Boolean, Date, Float, Integer, SmallInteger, String, Text
-from sqlalchemy.engine import Dialect
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.sql.schema import Table
 
 from batch.db.schema import UTCDateTime, call_outcomes, consents
@@ -77,7 +78,7 @@ def pg_type(table: Table, column: str) -> str:
     raise TypeError(f"no PostgreSQL type known for {table.name}.{column} ({t!r})")
 
 
-def is_postgresql(conn: AsyncConnection) -> bool:
+def is_postgresql(conn: Connection) -> bool:
     return conn.dialect.name == "postgresql"
 
 
@@ -206,8 +207,8 @@ def _pg_update_sql(cols: tuple[str, ...], split: _Columns) -> str:
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """A write made ready before its transaction opens (:func:`prepare_update`,
-    :func:`prepare_outcomes`), so that the transaction's own turns of the event loop only
-    send it: the statement and every parameter. SQLite's update answers no rows in one
+    :func:`prepare_outcomes`), so that the transaction only sends it: the statement and
+    every parameter. SQLite's update answers no rows in one
     statement (a RETURNING row each: the driver's thread takes the GIL back for every
     one), so it first reads which of its consents are still leased (``held``, one row),
     then sends the statement, made for every row before the transaction and guarded by the
@@ -219,7 +220,7 @@ class Prepared:
     #: SQLite's update: the ids and the worker whose lease is read first
     held: tuple[Sequence[int], str] | None = None
 
-    async def run(self, conn: AsyncConnection) -> set[int]:
+    def run(self, conn: Connection) -> set[int]:
         """Send it on ``conn`` (of the dialect it was made for); an update returns the ids
         it changed, an insert nothing."""
         if conn.dialect.name != self.dialect:
@@ -228,11 +229,11 @@ class Prepared:
             return set()
         if self.held is not None:
             ids, worker = self.held
-            leased = await held_by(conn, ids, worker=worker)
+            leased = held_by(conn, ids, worker=worker)
             if leased:
-                await conn.exec_driver_sql(self.sql, self.params)
+                conn.exec_driver_sql(self.sql, self.params)
             return leased
-        res = await conn.exec_driver_sql(self.sql, self.params)
+        res = conn.exec_driver_sql(self.sql, self.params)
         if res.returns_rows:
             return set(res.scalars().all())  # bigint: ints already; fetched at once
         return set()
@@ -258,31 +259,31 @@ def prepare_update(dialect: Dialect, ids: Sequence[int], values: Sequence[dict[s
                     (*params, worker), held=(ids, worker))
 
 
-async def update_held(conn: AsyncConnection, ids: Sequence[int],
+def update_held(conn: Connection, ids: Sequence[int],
                       values: Sequence[dict[str, Any]], *, worker: str) -> set[int]:
     """Set each consent's ``values`` (all of one shape: the same columns) where ``worker``
     still holds its lease; returns the ids changed."""
-    return await prepare_update(conn.dialect, ids, values, worker=worker).run(conn)
+    return prepare_update(conn.dialect, ids, values, worker=worker).run(conn)
 
 
-async def held_by(conn: AsyncConnection, ids: Sequence[int], *, worker: str,
+def held_by(conn: Connection, ids: Sequence[int], *, worker: str,
                   lock: bool = False) -> set[int]:
     """Which of ``ids`` are leased by ``worker`` now (``lock``: PostgreSQL locks them)."""
     if not ids:
         return set()
     if is_postgresql(conn):
-        res = await conn.exec_driver_sql(
+        res = conn.exec_driver_sql(
             "SELECT id FROM consents WHERE id = ANY($1::bigint[]) AND lease_owner = $2"
             + (" FOR UPDATE" if lock else ""), (list(ids), worker))
         return set(res.scalars().all())  # bigint: ints already; fetched at once
-    res = await conn.exec_driver_sql(
+    res = conn.exec_driver_sql(
         "SELECT json_group_array(id) FROM consents "
         "WHERE id IN (SELECT value FROM json_each(?)) AND lease_owner = ?",
         (_json(list(ids)), worker))
     return set(json.loads(res.scalar_one()))
 
 
-async def set_where_held(conn: AsyncConnection, ids: Sequence[int], *, worker: str,
+def set_where_held(conn: Connection, ids: Sequence[int], *, worker: str,
                          values: dict[str, Any], only_unset: str | None = None) -> list[int]:
     """Set the same ``values`` on every consent of ``ids`` leased by ``worker``; returns the
     ids it matched. ``only_unset``: a column set only where it is still NULL (the start
@@ -294,16 +295,16 @@ async def set_where_held(conn: AsyncConnection, ids: Sequence[int], *, worker: s
         sets = ", ".join(
             f"{c} = coalesce({c}, ${i + 3}::{pg_type(consents, c)})" if c == only_unset
             else f"{c} = ${i + 3}::{pg_type(consents, c)}" for i, c in enumerate(cols))
-        res = await conn.exec_driver_sql(
+        res = conn.exec_driver_sql(
             f"UPDATE consents SET {sets} WHERE id = ANY($1::bigint[]) AND lease_owner = $2 "
             "RETURNING id", (list(ids), worker, *(values[c] for c in cols)))
         return list(res.scalars().all())
-    held = await held_by(conn, ids, worker=worker)
+    held = held_by(conn, ids, worker=worker)
     if held:
         procs = _sqlite_processors(conn.dialect, consents, cols)
         sets = ", ".join(f"{c} = coalesce({c}, ?)" if c == only_unset else f"{c} = ?"
                          for c in cols)
-        await conn.exec_driver_sql(
+        conn.exec_driver_sql(
             f"UPDATE consents SET {sets} "
             "WHERE id IN (SELECT value FROM json_each(?)) AND lease_owner = ?",
             (*_processed(values, cols, procs), _json(sorted(held)), worker))
@@ -339,9 +340,9 @@ def prepare_outcomes(dialect: Dialect, rows: Sequence[dict[str, Any]]) -> Prepar
                     f"FROM (SELECT {parts.fields[2:]} FROM json_each(?)) AS u", tuple(params))
 
 
-async def insert_outcomes(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
+def insert_outcomes(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
     """The ``call_outcomes`` rows, in one statement."""
-    await prepare_outcomes(conn.dialect, rows).run(conn)
+    prepare_outcomes(conn.dialect, rows).run(conn)
 
 
 # -- SQLite ---------------------------------------------------------------------------------

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
-from collections.abc import AsyncIterator
+import threading
+import weakref
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
+from weakref import WeakKeyDictionary
 
-from sqlalchemy import event, insert, select
-from sqlalchemy.engine import make_url
+from sqlalchemy import create_engine, event, insert, select
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -59,16 +64,7 @@ def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
     name = parsed.get_backend_name()
     if name == "sqlite":
         engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
-
-        @event.listens_for(engine.sync_engine, "connect")
-        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.close()
-
+        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         return engine
     if name == "postgresql":
         if parsed.drivername != "postgresql+asyncpg":
@@ -79,6 +75,15 @@ def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
         kwargs.setdefault("pool_pre_ping", True)
         return create_async_engine(url, **kwargs)
     raise ConfigError(f"unsupported database {name!r}: use sqlite or postgresql")
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.close()
 
 
 def _describe(exc: BaseException) -> str:
@@ -177,6 +182,79 @@ async def transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     try:
         async with engine.begin() as conn:
             yield conn
+    except (OperationalError, DBAPIError, OSError) as exc:
+        raise database_error(exc, str(engine.url)) from None
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+#: the one thread that runs this process's SQLite transactions (:func:`run_transaction`)
+_sqlite_thread: ThreadPoolExecutor | None = None
+_sqlite_thread_lock = threading.Lock()
+#: each SQLite file engine's twin: the same file through the plain sqlite3 driver
+_twins: WeakKeyDictionary[Engine, Engine] = WeakKeyDictionary()
+
+
+def _sqlite_twin(engine: AsyncEngine) -> Engine | None:
+    """The plain (synchronous) engine on ``engine``'s SQLite file, made once and disposed
+    with it; None for PostgreSQL and in-memory SQLite (not shared between connections)."""
+    if engine.dialect.name != "sqlite" or sqlite_path(str(engine.url)) is None:
+        return None
+    twin = _twins.get(engine.sync_engine)
+    if twin is None:
+        twin = create_engine(engine.url.set(drivername="sqlite"),
+                             connect_args={"timeout": 30, "check_same_thread": False},
+                             pool_size=1, max_overflow=0)
+        event.listen(twin, "connect", _sqlite_pragmas)
+        # what listens to the engine's statements (a count, a trace) hears the twin's too
+        of = weakref.ref(engine.sync_engine)
+
+        def forward(*args: Any) -> None:
+            owner = of()
+            if owner is not None:
+                owner.dispatch.before_cursor_execute(*args)
+
+        event.listen(twin, "before_cursor_execute", forward)
+        _twins[engine.sync_engine] = twin
+        event.listen(engine.sync_engine, "engine_disposed",
+                     lambda _engine, twin=twin: twin.dispose())
+    return twin
+
+
+def _on_sqlite_thread() -> ThreadPoolExecutor:
+    global _sqlite_thread
+    with _sqlite_thread_lock:
+        if _sqlite_thread is None:
+            _sqlite_thread = ThreadPoolExecutor(1, thread_name_prefix="mydata-sqlite")
+        return _sqlite_thread
+
+
+def _in_transaction(twin: Engine, fn: Callable[..., _T], args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> _T:
+    with twin.begin() as conn:
+        return fn(conn, *args, **kwargs)
+
+
+async def run_transaction(engine: AsyncEngine, fn: Callable[Concatenate[Connection, _P], _T],
+                          *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """``fn(conn, *args, **kwargs)`` in one transaction: all of it commits or none of it,
+    with unreachable-database errors made one clear DatabaseError, as :func:`transaction`.
+
+    ``fn`` is synchronous. On an SQLite file it runs whole in one thread of this process, on
+    the file's plain sqlite3 driver, and the event loop waits for it once: through
+    aiosqlite, each statement, fetch, cursor and commit waited for the loop's next turn,
+    and a saturated loop's turns made a three-statement claim hold the file for 290 ms at
+    the median (a start mark 185 ms, an outcome flush 270 ms), while starts waited for
+    those marks. On PostgreSQL (and in-memory SQLite) it runs on the async connection
+    (``AsyncConnection.run_sync``: each statement still one round trip of the driver)."""
+    twin = _sqlite_twin(engine)
+    if twin is None:
+        async with transaction(engine) as conn:
+            return await conn.run_sync(fn, *args, **kwargs)
+    try:
+        return await asyncio.get_running_loop().run_in_executor(
+            _on_sqlite_thread(), _in_transaction, twin, fn, args, kwargs)
     except (OperationalError, DBAPIError, OSError) as exc:
         raise database_error(exc, str(engine.url)) from None
 

@@ -1,12 +1,13 @@
 """Let SQLite's driver thread have the GIL while the event loop is busy.
 
-aiosqlite runs every statement in a thread of its own. That thread needs the GIL back after
-each step of a statement and to hand its result over; CPython 3.11 starves it while the
-event loop is busy: the loop lets go of the GIL for an instant at every ``select()`` and
-takes it back before the waiting thread has woken, and each such wake-up restarts the
-thread's wait (it asks the loop to drop the GIL only after a whole switch interval without
-one). Measured against a loop busy in 2 ms steps: ``SELECT 1`` took 8-18 s, a 700-row
-claim a minute (tests/bench/test_sqlite_handoff.py).
+SQLite's statements run in a thread: the store's transactions in one of this process
+(:func:`batch.db.engine.run_transaction`), the rest in aiosqlite's. That thread needs the
+GIL back after each step of a statement and to hand its result over; CPython 3.11 starves
+it while the event loop is busy: the loop lets go of the GIL for an instant at every
+``select()`` and takes it back before the waiting thread has woken, and each such wake-up
+restarts the thread's wait (it asks the loop to drop the GIL only after a whole switch
+interval without one). Measured against a loop busy in 2 ms steps: ``SELECT 1`` took
+8-18 s, a 700-row claim a minute (tests/bench/test_sqlite_handoff.py).
 
 While a statement is in flight, the interpreter's switch interval is therefore
 :data:`SWITCH_INTERVAL` instead of 5 ms: a thread that has waited that long for the GIL

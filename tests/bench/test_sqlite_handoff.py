@@ -1,6 +1,6 @@
 """SQLite statements against a busy event loop, with and without the GIL hand-off.
 
-Run: ``pytest -s tests/bench/test_sqlite_handoff.py``. aiosqlite runs each statement in its
+Run: ``pytest -s tests/bench/test_sqlite_handoff.py``. The store runs each SQLite transaction in its
 own thread; while the event loop is busy (a saturated run), CPython 3.11 hands that thread
 the GIL late or not at all (batch/db/handoff.py). A task burns the loop in 2 ms steps (a
 saturated dispatcher's turns) while the store claims 700 consents (the busiest minute's

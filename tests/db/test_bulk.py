@@ -48,8 +48,8 @@ async def test_an_update_changes_only_the_rows_the_worker_still_leases(
     async with transaction(engine) as conn:
         await conn.execute(update(schema.consents).where(schema.consents.c.id == 2)
                            .values(lease_owner="w2"))
-        changed = await bulk.update_held(
-            conn, ids, [{"attempts": i, "not_before": NOW + timedelta(hours=i),
+        changed = await conn.run_sync(
+            bulk.update_held, ids, [{"attempts": i, "not_before": NOW + timedelta(hours=i),
                          "lease_owner": None} for i in ids], worker="w1")
     assert changed == {1, 3, 4}
     async with engine.connect() as conn:
@@ -70,7 +70,7 @@ async def test_an_update_prepared_before_its_transaction_checks_the_lease_as_it_
         await conn.execute(update(schema.consents).where(schema.consents.c.id == 2)
                            .values(lease_owner="w2"))
     async with transaction(engine) as conn:
-        assert await prepared.run(conn) == {1, 3}
+        assert await conn.run_sync(prepared.run) == {1, 3}
     async with engine.connect() as conn:
         got = (await conn.execute(select(schema.consents.c.attempts)
                                   .order_by(schema.consents.c.id))).scalars().all()
@@ -87,7 +87,7 @@ async def test_a_write_prepared_for_one_database_is_refused_on_another(
                      bulk.prepare_update(other, [1], [{"attempts": 1}], worker="w1")):
         async with transaction(engine) as conn:
             with pytest.raises(ValueError, match=f"prepared for {other.name}"):
-                await prepared.run(conn)
+                await conn.run_sync(prepared.run)
 
 
 async def test_a_time_is_stored_in_the_form_sqlalchemy_stores(engine: AsyncEngine) -> None:
@@ -97,7 +97,7 @@ async def test_a_time_is_stored_in_the_form_sqlalchemy_stores(engine: AsyncEngin
     async with transaction(engine) as conn:
         await conn.execute(update(schema.consents).where(schema.consents.c.id == 1)
                            .values(not_before=at))
-        await bulk.update_held(conn, [2], [{"not_before": at}], worker="w1")
+        await conn.run_sync(bulk.update_held, [2], [{"not_before": at}], worker="w1")
         raw = (await conn.execute(text(
             "SELECT CAST(not_before AS TEXT) FROM consents ORDER BY id"))).scalars().all()
     assert raw[0] == raw[1]
@@ -107,14 +107,14 @@ async def test_set_where_held_keeps_the_first_start_mark(engine: AsyncEngine) ->
     ids = await _consents(engine, 3, owner="w1")
     later = NOW + timedelta(seconds=5)
     async with transaction(engine) as conn:
-        assert sorted(await bulk.set_where_held(conn, [1, 2], worker="w1",
-                                                values={"started_at": NOW},
-                                                only_unset="started_at")) == [1, 2]
-        assert sorted(await bulk.set_where_held(conn, ids, worker="w1",
-                                                values={"started_at": later},
-                                                only_unset="started_at")) == ids
-        assert await bulk.set_where_held(conn, ids, worker="nobody",
-                                         values={"lease_owner": None}) == []
+        assert sorted(await conn.run_sync(bulk.set_where_held, [1, 2], worker="w1",
+                                          values={"started_at": NOW},
+                                          only_unset="started_at")) == [1, 2]
+        assert sorted(await conn.run_sync(bulk.set_where_held, ids, worker="w1",
+                                          values={"started_at": later},
+                                          only_unset="started_at")) == ids
+        assert await conn.run_sync(bulk.set_where_held, ids, worker="nobody",
+                                   values={"lease_owner": None}) == []
     async with engine.connect() as conn:
         marks = (await conn.execute(select(schema.consents.c.started_at)
                                     .order_by(schema.consents.c.id))).scalars().all()
@@ -126,8 +126,8 @@ async def test_held_by_answers_for_more_ids_than_sqlite_binds_at_once(
         engine: AsyncEngine, n: int) -> None:
     ids = await _consents(engine, n, owner="w1")
     async with transaction(engine) as conn:
-        assert await bulk.held_by(conn, ids, worker="w1", lock=True) == set(ids)
-        assert await bulk.held_by(conn, ids, worker="w2") == set()
+        assert await conn.run_sync(bulk.held_by, ids, worker="w1", lock=True) == set(ids)
+        assert await conn.run_sync(bulk.held_by, ids, worker="w2") == set()
 
 
 def test_a_column_with_an_earlier_arrays_values_reads_that_array() -> None:
@@ -151,7 +151,7 @@ async def _updated(engine: AsyncEngine, ids: list[int],
     """``update_held`` of ``values`` (worker w1 holds every id), then those columns read
     back in id order."""
     async with transaction(engine) as conn:
-        assert await bulk.update_held(conn, ids, values, worker="w1") == set(ids)
+        assert await conn.run_sync(bulk.update_held, ids, values, worker="w1") == set(ids)
     async with engine.connect() as conn:
         cols = [schema.consents.c[k] for k in values[0]]
         return [dict(r._mapping) for r in (await conn.execute(
@@ -200,7 +200,7 @@ async def _inserted(engine: AsyncEngine,
     """``insert_outcomes`` of ``rows``, then every outcome row read back in consent order
     (without its id, the CHAR(n) columns' padding taken off)."""
     async with transaction(engine) as conn:
-        await bulk.insert_outcomes(conn, rows)
+        await conn.run_sync(bulk.insert_outcomes, rows)
     async with engine.connect() as conn:
         got = [dict(r._mapping) for r in (await conn.execute(
             select(schema.call_outcomes).order_by(schema.call_outcomes.c.consent_id))).all()]
