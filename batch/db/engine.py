@@ -199,23 +199,30 @@ _twins: WeakKeyDictionary[Engine, Engine] = WeakKeyDictionary()
 def _sqlite_twin(engine: AsyncEngine) -> Engine | None:
     """The plain (synchronous) engine on ``engine``'s SQLite file, made once and disposed
     with it; None for PostgreSQL and in-memory SQLite (not shared between connections)."""
-    if engine.dialect.name != "sqlite" or sqlite_path(str(engine.url)) is None:
-        return None
     twin = _twins.get(engine.sync_engine)
     if twin is None:
+        if engine.dialect.name != "sqlite" or sqlite_path(str(engine.url)) is None:
+            return None
         twin = create_engine(engine.url.set(drivername="sqlite"),
                              connect_args={"timeout": 30, "check_same_thread": False},
                              pool_size=1, max_overflow=0)
         event.listen(twin, "connect", _sqlite_pragmas)
-        # what listens to the engine's statements (a count, a trace) hears the twin's too
+        # what listens to the engine's statements and commits (a count, a trace) hears the
+        # twin's too
         of = weakref.ref(engine.sync_engine)
 
-        def forward(*args: Any) -> None:
+        def statement(*args: Any) -> None:
             owner = of()
             if owner is not None:
                 owner.dispatch.before_cursor_execute(*args)
 
-        event.listen(twin, "before_cursor_execute", forward)
+        def commit(conn: Connection) -> None:
+            owner = of()
+            if owner is not None:
+                owner.dispatch.commit(conn)
+
+        event.listen(twin, "before_cursor_execute", statement)
+        event.listen(twin, "commit", commit)
         _twins[engine.sync_engine] = twin
         event.listen(engine.sync_engine, "engine_disposed",
                      lambda _engine, twin=twin: twin.dispose())

@@ -83,6 +83,8 @@ async def test_an_sqlite_transaction_runs_whole_in_one_thread_not_through_aiosql
         return await real(self, fn, *a, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(aiosqlite.core.Connection, "_execute", counted)
+    commits: list[int] = []
+    event.listen(engine.sync_engine, "commit", lambda _c: commits.append(1))
     store = work.SqlWorkStore(engine, CIPHER)
     claims = await store.claim(ORG, worker="w1", week=WEEK, now=NOW, limit=10)
     ids = [c.id for c in claims]
@@ -91,8 +93,9 @@ async def test_an_sqlite_transaction_runs_whole_in_one_thread_not_through_aiosql
     await store.apply(_done(ids[:5]), run_id="r", worker="w1", day=NOW.date())
     assert await store.release(ids[5:], worker="w1") == 5
     assert operations == 0
-    # The engine's listeners still hear every statement (benchmarks count them), each from
-    # the one thread that is not the loop's.
+    # The engine's listeners still hear every statement and commit (benchmarks count them),
+    # each statement from the one thread that is not the loop's.
+    assert len(commits) == 5
     threads = {t for _, t in heard.sent}
     assert len(heard.sent) >= 8 and len(threads) == 1
     assert threads != {threading.get_ident()}
