@@ -28,6 +28,7 @@ from batch.clock import Clock
 from batch.config import Provider
 from batch.crypto import TokenKeyError
 from batch.errors import describe
+from batch.fastinit import fast_init
 from batch.http_errors import TRANSPORT_ERRORS, transport_outcome, transport_outcome_of_bug
 from batch.resilience.outcomes import (
     DEAD_ASSET_CODES,
@@ -68,6 +69,7 @@ class CallChain(Protocol):
     ) -> Outcome: ...
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Progress:
     """How far this week's transfer got.
@@ -100,6 +102,7 @@ TokenSaver = Callable[[str, str | None], Awaitable[None]]
 RefreshToken = str | Callable[[], str | None] | None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RefreshResult:
     """How one consent's refresh ended.

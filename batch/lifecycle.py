@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from batch.client import Progress, RefreshResult
 from batch.dispatch.policy import RetryPolicy
+from batch.fastinit import fast_init
 from batch.resilience.outcomes import Action, Kind, Outcome
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class WeekResult(StrEnum):
 
 # -- the transitions ------------------------------------------------------------------------
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Refreshed:
     """What every transition carries of its refresh: the outcome log row, the dead items."""
@@ -91,6 +93,7 @@ class Refreshed:
     dead_items: tuple[str, ...] = ()
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class _Finished:
     log: Refreshed
@@ -108,6 +111,7 @@ class _Finished:
         return self.log.at
 
 
+@fast_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Done(_Finished):
     """Transferred this week: due again next week, counters and progress cleared."""
@@ -116,6 +120,7 @@ class Done(_Finished):
     next_week: date
 
 
+@fast_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AlreadyTransferred(_Finished):
     """42901: the provider counted this week's transfer already; nothing more this week."""
@@ -126,6 +131,7 @@ class AlreadyTransferred(_Finished):
     error: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeadAsset(_Finished):
     """40305/40404 on the list call: the consent's asset is gone; never called again."""
@@ -134,6 +140,7 @@ class DeadAsset(_Finished):
     error: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _DueAgain(_Finished):
     """Due again at ``not_before`` this week; the counters are the week's new totals."""
@@ -146,6 +153,7 @@ class _DueAgain(_Finished):
     progress: Progress | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetryLater(_DueAgain):
     """A provider fault, a throttle, or a token refused after its refresh: one attempt."""
@@ -158,6 +166,7 @@ class RetryLater(_DueAgain):
                 else Step.RETRY_LATER)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Unknown(_DueAgain):
     """The provider may have processed it: one more try, later; counts an unknown."""
@@ -166,6 +175,7 @@ class Unknown(_DueAgain):
     week_result: ClassVar[WeekResult] = WeekResult.UNKNOWN
 
 
+@fast_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NotAttempted(_Finished):
     """Refused by one of our own layers: stays due, nothing counted, progress kept."""
@@ -174,6 +184,7 @@ class NotAttempted(_Finished):
     progress: Progress | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeadLetter(_Finished):
     """Given up for this week: a dead-letter row for the operator; due again next week."""
@@ -186,6 +197,7 @@ class DeadLetter(_Finished):
     error: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TokenRefreshed:
     """A refreshed token pair to store now (not logged; not lease-guarded: the provider

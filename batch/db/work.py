@@ -61,6 +61,7 @@ from batch.db.schema import (
     dead_letters,
 )
 from batch.errors import describe
+from batch.fastinit import fast_init
 from batch.lifecycle import (
     AlreadyTransferred,
     Change,
@@ -83,6 +84,7 @@ Cursor = tuple[date, int]
 START: Cursor = (date(1970, 1, 1), 0)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Claim:
     """One leased consent, ready to refresh. Its tokens are as stored (the SQL store's are

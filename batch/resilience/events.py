@@ -12,11 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from batch.fastinit import fast_init
 from batch.resilience.outcomes import Kind, Layer, Outcome
 
 log = logging.getLogger("batch.resilience")
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class StateChanged:
     """The breaker moved from one state to another."""
@@ -29,6 +31,7 @@ class StateChanged:
     tran_id: str | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RetryScheduled:
     """A failed attempt will be retried after ``delay`` seconds; ``elapsed`` is how long
@@ -43,6 +46,7 @@ class RetryScheduled:
     elapsed: float = 0.0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RetrySkipped:
     """A retryable fault was not retried, and why (budget, deadline, breaker, attempts)."""
@@ -53,6 +57,7 @@ class RetrySkipped:
     reason: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Rejected:
     """One of our own layers refused a call or an attempt before it reached the provider."""
@@ -63,6 +68,7 @@ class Rejected:
     tran_id: str | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class CallFinished:
     """A logical call ended with ``outcome`` after ``attempts`` attempts. ``duration`` is
@@ -77,6 +83,7 @@ class CallFinished:
     slowest: float = 0.0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RateAdjusted:
     """The limiter's rate changed (throttled, paused or recovered)."""

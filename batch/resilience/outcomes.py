@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from batch.fastinit import fast_init
+
 
 class Kind(StrEnum):
     SUCCESS = "success"
@@ -68,6 +70,7 @@ DOWN_CODES = frozenset({"50005"})
 CLIENT_CODES = frozenset({"40001", "40002", "40003"})
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """The result of one logical call (all its attempts) or one attempt."""
