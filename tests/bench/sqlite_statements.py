@@ -81,14 +81,15 @@ def _instrument_store_thread() -> None:
     """The store's transactions run whole in a thread of their own (``run_transaction``):
     each transaction's thread CPU by its function, each statement's between the cursor's
     execute events, and each transaction's wall time from the loop's side."""
-    here: dict[str, float] = {}
+    here = threading.local()  # the loop's statements (through aiosqlite) are timed there
 
     def before(*_: Any) -> None:
         if threading.current_thread().name.startswith("mydata-sqlite"):
-            here["t"] = time.thread_time()
+            here.t = time.thread_time()
 
     def after(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        t = here.pop("t", None)
+        t = getattr(here, "t", None)
+        here.t = None
         if t is not None:
             row = _THREAD[statement_key(statement, (statement,))]
             row[0] += 1
