@@ -26,6 +26,9 @@ log = logging.getLogger("mydata.cluster")
 class OutcomeFeed:
     """Counts per provider since the last push; a ``Listener`` for the chain."""
 
+    #: it counts calls: the other events never reach it
+    hears = frozenset({CallFinished})
+
     def __init__(self, store: CircuitStore, *, clock: Clock,
                  slow_call_duration: Mapping[str, float] | None = None) -> None:
         self.store = store

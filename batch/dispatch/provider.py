@@ -156,7 +156,6 @@ class ProviderDispatcher:
         self._open.update(self._minutes)
         self._cap = max(1, per_minute_cap)
         self._breaker_open = breaker_open
-        self._breaker_state = breaker_state
         self._allowance = allowance
         #: refreshes under way at most (the provider's concurrency): more would only queue
         #: at the bulkhead and the HTTP pool, or be refused, each a claim and an outcome
@@ -166,7 +165,8 @@ class ProviderDispatcher:
         #: takes the refreshes under way down to ``_room_at``
         self._room: asyncio.Future[None] | None = None
         self._room_at = 0
-        self.stats = ProviderStats(org_code, day_quota=quota, attempted_before=attempted_before)
+        self.stats = ProviderStats(org_code, day_quota=quota, attempted_before=attempted_before,
+                                   state_of=breaker_state)
         self._queue: deque[work.Claim] = deque()
         self._marked = 0  # the queue's first claims already marked started
         self._marking: asyncio.Task[None] | None = None  # the start mark in flight
@@ -581,7 +581,6 @@ class ProviderDispatcher:
             if self._allowance is not None:
                 self._allowance.refund(1)
         s.last_finish = self._clock.monotonic()
-        s.breaker_state = self._breaker_state()
 
     async def _drain(self, grace: float | None) -> None:
         if not self._tasks:
@@ -616,7 +615,7 @@ class ProviderDispatcher:
             except (TimeoutError, Exception):
                 await cancel_and_wait([producer])
             await self._drain(grace if stop.is_set() else None)
-            self.stats.breaker_state = self._breaker_state()
+            self.stats.freeze_state()
             leftovers = [c.id for c in self._queue]
             self._queue.clear()
             self._marked = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +44,18 @@ class ProviderStats:
     last_finish: float | None = None
     minute_planned: int = 0
     minute_started: int = 0
-    breaker_state: str = "closed"
+    #: the provider's breaker state, read when asked (the dispatcher gives its chain's;
+    #: asked by progress lines and summaries, not set at each of thousands of finishes)
+    state_of: Callable[[], str] = field(default=lambda: "closed", repr=False)
+
+    @property
+    def breaker_state(self) -> str:
+        return self.state_of()
+
+    def freeze_state(self) -> None:
+        """Keep the breaker's state as it is now (the run is over)."""
+        state = self.state_of()
+        self.state_of = lambda: state
 
     def tick(self, lateness: float) -> None:
         self.lateness.append(lateness)

@@ -24,6 +24,9 @@ class EventLog:
 
     __slots__ = ("_clock", "_last_budget", "_skipped", "run_id")
 
+    #: the kinds it logs: never called with the CallFinished of every call
+    hears = frozenset({StateChanged, RateAdjusted, RetrySkipped})
+
     def __init__(self, *, clock: Clock, run_id: str | None = None) -> None:
         self._clock = clock
         self.run_id = run_id

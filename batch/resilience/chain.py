@@ -130,7 +130,9 @@ class ProviderChain:
         if not permit:
             if self._emit.active:
                 self._emit(Rejected(self.org_code, Layer.BREAKER, "circuit open"))
-                self._emit(CallFinished(self.org_code, None, self._rej_breaker, 0, 0.0))
+            if self._emit.calls:
+                self._emit.finished(CallFinished(self.org_code, None, self._rej_breaker, 0,
+                                                 0.0))
             return self._rej_breaker
         self._budget.note_call(now)
         limiter = self._limiter
@@ -228,16 +230,17 @@ class ProviderChain:
                                     refused.detail, out.tran_id if out else None))
             if out is None:
                 breaker.record(refused, 0.0, now, permit)  # neutral: frees a probe permit
-                if self._emit.active:
-                    self._emit(CallFinished(self.org_code, None, refused, 0, now - started))
+                if self._emit.calls:
+                    self._emit.finished(CallFinished(self.org_code, None, refused, 0,
+                                                     now - started))
                 return refused
         assert out is not None
         if out.attempts != attempts:
             out = out.with_(attempts=attempts)
         breaker.record(out, slowest, now, permit, out.tran_id)
-        if self._emit.active:
-            self._emit(CallFinished(self.org_code, out.tran_id, out, attempts, now - started,
-                                    slowest))
+        if self._emit.calls:
+            self._emit.finished(CallFinished(self.org_code, out.tran_id, out, attempts,
+                                             now - started, slowest))
         return out
 
     async def _retry_wait(self, out: Outcome, attempts: int, permit: int, now: float,

@@ -100,25 +100,54 @@ Event = StateChanged | RetryScheduled | RetrySkipped | Rejected | CallFinished |
 
 
 class Listener(Protocol):
-    """Anything called with each event (a metrics sink, a logger, a test's list.append)."""
+    """Anything called with each event (a metrics sink, a logger, a test's list.append).
+
+    A listener that wants only some kinds of event names them in a ``hears`` attribute (a
+    set of event classes); one without it hears them all. The emitter then never calls it
+    with the others: the chain's :class:`CallFinished`, one per call, goes only to the
+    listeners that hear it (the event log does not: a call's end is the recorder's)."""
 
     def __call__(self, event: Event, /) -> None: ...
 
 
-class Emitter:
-    """Delivers each event to every listener; a listener's error is logged, never raised."""
+#: every kind of event, in the order of :data:`Event`
+EVENT_TYPES: tuple[type, ...] = (StateChanged, RetryScheduled, RetrySkipped, Rejected,
+                                 CallFinished, RateAdjusted)
 
-    __slots__ = ("active", "listeners")
+
+def hears(listener: Listener, kind: type) -> bool:
+    """Whether ``listener`` wants events of class ``kind`` (see :class:`Listener`)."""
+    wanted = getattr(listener, "hears", None)
+    return wanted is None or kind in wanted
+
+
+class Emitter:
+    """Delivers each event to every listener that hears its kind; a listener's error is
+    logged, never raised."""
+
+    __slots__ = ("_by_type", "active", "calls", "listeners")
 
     def __init__(self, listeners: Sequence[Listener] = ()) -> None:
         self.listeners = tuple(listeners)
         #: False when nobody listens, so the hot path skips building events at all
         self.active = bool(self.listeners)
+        self._by_type: dict[type, tuple[Listener, ...]] = {
+            kind: tuple(x for x in self.listeners if hears(x, kind)) for kind in EVENT_TYPES}
+        #: the listeners of :class:`CallFinished` (empty: the chain does not build it)
+        self.calls = self._by_type[CallFinished]
 
     def __call__(self, event: Event) -> None:
-        for listener in self.listeners:
+        for listener in self._by_type.get(type(event), self.listeners):
             try:
                 listener(event)
             except Exception:
                 log.exception("resilience listener %r failed on %s", listener,
                               type(event).__name__)
+
+    def finished(self, event: CallFinished) -> None:
+        """:meth:`__call__` for the event of every call (no lookup by kind)."""
+        for listener in self.calls:
+            try:
+                listener(event)
+            except Exception:
+                log.exception("resilience listener %r failed on CallFinished", listener)

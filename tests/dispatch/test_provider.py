@@ -28,7 +28,7 @@ def _setup(n_consents: int, minutes: dict[int, int], *, quota: int | None = None
            refresh: object = None, breaker_open: object = None,
            start: datetime | None = None, store: MemoryWorkStore | None = None,
            max_in_flight: int | None = None, phase: float = 0.0,
-           offset: float | None = None,
+           offset: float | None = None, breaker_state: object = None,
            ) -> tuple[FakeClock, MemoryWorkStore,
                                                    ProviderDispatcher, OutcomeWriter,
                                                    list[tuple[float, int]]]:
@@ -50,6 +50,7 @@ def _setup(n_consents: int, minutes: dict[int, int], *, quota: int | None = None
         breaker_open=breaker_open or (lambda: False),  # type: ignore[arg-type]
         max_in_flight=None if max_in_flight is None else (lambda: max_in_flight),
         phase=phase, offset=offset,
+        **({} if breaker_state is None else {"breaker_state": breaker_state}),
     )
     return clock, store, d, writer, starts
 
@@ -168,6 +169,17 @@ async def test_open_breaker_starts_nothing_and_leaves_consents_due() -> None:
     assert starts == []
     assert d.stats.skipped_breaker_open == 100
     assert all(c.lease_owner is None and c.due_week == WEEK for c in store.consents.values())
+
+
+async def test_the_breaker_state_is_the_chains_while_running_and_kept_at_the_end() -> None:
+    state = ["closed"]
+    clock, _, d, writer, _ = _setup(20, {60: 20}, breaker_state=lambda: state[0])
+    assert d.stats.breaker_state == "closed"
+    state[0] = "half_open"  # read when asked (a progress line), not at each finish
+    assert d.stats.breaker_state == "half_open"
+    await _run(clock, d, writer, 130)
+    state[0] = "open"  # after the run: the summary keeps the state it ended in
+    assert d.stats.summary()["breaker"] == "half_open"
 
 
 async def test_our_own_rejections_are_not_attempts_and_stay_due() -> None:

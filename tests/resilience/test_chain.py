@@ -123,6 +123,47 @@ async def test_a_failing_listener_never_breaks_a_call(caplog: pytest.LogCaptureF
     assert "metrics backend down" in caplog.text
 
 
+async def test_a_listener_that_names_its_events_hears_only_those() -> None:
+    class Transitions:
+        hears = frozenset({StateChanged})
+
+        def __init__(self) -> None:
+            self.got: list[Event] = []
+
+        def __call__(self, event: Event) -> None:
+            self.got.append(event)
+
+    class Calls(Transitions):
+        hears = frozenset({CallFinished})
+
+    clock = FakeClock()
+    events: list[Event] = []
+    transitions, calls = Transitions(), Calls()
+    c = chain(clock, listeners=[transitions, calls], events=events)
+    await trip(c, clock)
+    await drive(clock, c.call(Provider(clock)))  # refused by the open breaker
+    assert [type(e) for e in transitions.got] == [StateChanged]
+    assert [type(e) for e in calls.got] == [CallFinished] * 5
+    assert calls.got == [e for e in events if isinstance(e, CallFinished)]
+    assert {type(e) for e in events} > {StateChanged, CallFinished, Rejected}
+
+
+async def test_no_listener_of_call_ends_no_call_finished_built() -> None:
+    clock = FakeClock()
+    seen: list[Event] = []
+
+    class Transitions:
+        hears = frozenset({StateChanged})
+
+        def __call__(self, event: Event) -> None:
+            seen.append(event)
+
+    c = chain(clock, listeners=[Transitions()])
+    assert not c._emit.calls and c._emit.active
+    await trip(c, clock)
+    assert [type(e) for e in seen] == [StateChanged]
+
+
 async def test_rejections_by_layer_are_reported() -> None:
     clock = FakeClock()
     events: list[Event] = []
