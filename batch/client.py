@@ -28,7 +28,7 @@ from batch.clock import Clock
 from batch.config import Provider
 from batch.crypto import TokenKeyError
 from batch.errors import describe
-from batch.fastinit import fast_init
+from batch.fastinit import direct_call, fast_init
 from batch.http_errors import TRANSPORT_ERRORS, transport_outcome, transport_outcome_of_bug
 from batch.resilience.outcomes import (
     DEAD_ASSET_CODES,
@@ -272,7 +272,7 @@ class MydataClient:
         self._send: Callable[[httpx.Request], Awaitable[httpx.Response]] = (
             transport.handle_async_request if transport is not None else http.send)
         self._chain = chain
-        self._tran_ids = tran_ids
+        self._tran_ids = direct_call(tran_ids)
         self._clock = clock
         self._page_limit = page_limit
         self._base = provider.base_url

@@ -102,3 +102,33 @@ def test_it_refuses_what_it_cannot_serve() -> None:
     for cls in (NoSlots, PostInit, NotInInit, WithInitVar):
         with pytest.raises(TypeError, match="fast_init"):
             fast_init(cls)
+
+
+def test_direct_call_binds_an_objects_call_once_and_leaves_the_rest() -> None:
+    import functools
+    from types import MethodType
+
+    from batch.fastinit import direct_call
+
+    class Counter:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def __call__(self, k: int = 1) -> int:
+            self.n += k
+            return self.n
+
+    c = Counter()
+    f = direct_call(c)
+    assert isinstance(f, MethodType) and f.__self__ is c
+    assert f() == 1 and f(2) == 3 and c() == 4  # the same object's state
+
+    def plain() -> int:
+        return 7
+
+    seen: list[int] = []
+    partial = functools.partial(plain)
+    assert direct_call(plain) is plain
+    assert direct_call(seen.append) == seen.append  # a builtin method: as it is
+    assert direct_call(partial) is partial  # a C type's call: nothing to gain, left as it is
+    assert direct_call(c.__call__) == c.__call__

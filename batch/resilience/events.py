@@ -10,10 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import BuiltinFunctionType, FunctionType, MethodType
 from typing import Protocol
 
-from batch.fastinit import fast_init
+from batch.fastinit import direct_call, fast_init
 from batch.resilience.outcomes import Kind, Layer, Outcome
 
 log = logging.getLogger("batch.resilience")
@@ -116,16 +115,6 @@ EVENT_TYPES: tuple[type, ...] = (StateChanged, RetryScheduled, RetrySkipped, Rej
                                  CallFinished, RateAdjusted)
 
 
-def _direct(listener: Listener) -> Listener:
-    """What to call for ``listener``: an object's own ``__call__`` method, bound once.
-    Calling the object goes through its type's call slot in C, a frame of the interpreter
-    of its own each time; its bound method is called in the caller's (Python 3.11)."""
-    if isinstance(listener, (FunctionType, MethodType, BuiltinFunctionType)):
-        return listener
-    method = getattr(listener, "__call__", None)  # noqa: B004  (the method, not a test)
-    return method if isinstance(method, MethodType) else listener
-
-
 def hears(listener: Listener, kind: type) -> bool:
     """Whether ``listener`` wants events of class ``kind`` (see :class:`Listener`)."""
     wanted = getattr(listener, "hears", None)
@@ -143,7 +132,7 @@ class Emitter:
         #: False when nobody listens, so the hot path skips building events at all
         self.active = bool(self.listeners)
         self._by_type: dict[type, tuple[Listener, ...]] = {
-            kind: tuple(_direct(x) for x in self.listeners if hears(x, kind))
+            kind: tuple(direct_call(x) for x in self.listeners if hears(x, kind))
             for kind in EVENT_TYPES}
         #: the listeners of :class:`CallFinished` (empty: the chain does not build it)
         self.calls = self._by_type[CallFinished]
