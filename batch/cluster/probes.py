@@ -32,7 +32,7 @@ from batch.cluster.circuit import CircuitState, ProbePacer, ViewMode
 from batch.cluster.circuit_view import CircuitView
 from batch.resilience.breaker import State
 from batch.resilience.chain import ProviderChain
-from batch.resilience.events import CallFinished, Listener, Rejected
+from batch.resilience.events import CallFinished, Emitter, Listener, Rejected
 from batch.resilience.outcomes import Layer, Outcome, rejected
 
 log = logging.getLogger("mydata.cluster")
@@ -62,7 +62,7 @@ class ClusterGate:
         self.probes = probe_chain(chain, clock=clock, listeners=listeners)
         self._view = view
         self._clock = clock
-        self._listeners = tuple(listeners)
+        self._emit = Emitter(listeners)  # as the chain tells its own refusals
         self._pacer = ProbePacer(view.settings.probe_interval)
         #: at most one reservation asked of Redis per probe interval from this worker: the
         #: calls of refreshes already under way when the provider opened are refused here,
@@ -90,12 +90,10 @@ class ClusterGate:
 
     def _refuse(self, out: Outcome) -> Outcome:
         self.refused += 1
-        for listener in self._listeners:
-            try:
-                listener(Rejected(self.org_code, Layer.BREAKER, out.detail))
-                listener(CallFinished(self.org_code, None, out, 0, 0.0))
-            except Exception:
-                log.exception("listener failed on a cluster refusal")
+        if self._emit.active:
+            self._emit(Rejected(self.org_code, Layer.BREAKER, out.detail))
+        if self._emit.calls:
+            self._emit.finished(CallFinished(self.org_code, None, out, 0, 0.0))
         return out
 
     def breaker_open(self) -> bool:

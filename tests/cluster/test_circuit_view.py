@@ -17,6 +17,7 @@ from batch.cluster.circuit_view import CircuitView
 from batch.cluster.probes import ClusterGate
 from batch.resilience.breaker import State
 from batch.resilience.chain import ProviderChain
+from batch.resilience.events import CallFinished, Event, Rejected
 from batch.resilience.outcomes import Kind, Layer, Outcome, connection_error
 from batch.resilience.settings import ChainSettings
 
@@ -137,6 +138,34 @@ async def test_gate_refuses_an_open_provider_without_a_call_unless_probing() -> 
     assert len(calls) == 1
     assert gate.breaker_open()
     assert gate.breaker_state() == "cluster_open"
+
+
+async def test_a_refusal_is_told_to_each_listener_as_the_chain_tells_its_own() -> None:
+    class CallEnds:
+        hears = frozenset({CallFinished})
+
+        def __init__(self) -> None:
+            self.got: list[Event] = []
+
+        def __call__(self, event: Event) -> None:
+            self.got.append(event)
+
+    clock, store, view = make(probe=False)
+    every: list[Event] = []
+    ends = CallEnds()
+    gate = ClusterGate(chain(clock), view, clock=clock, listeners=[every.append, ends])
+    store.states[ORG] = open_state()
+    await view.refresh()
+
+    async def attempt(t: float) -> Outcome:
+        raise AssertionError("an open provider is not called")
+
+    before = len(every)  # the probe chain's breaker, switched off, told its own change
+    out = await gate.call(attempt)
+    told = every[before:]
+    assert [type(e) for e in told] == [Rejected, CallFinished]
+    assert told[1].outcome is out  # type: ignore[union-attr]
+    assert ends.got == told[1:]  # a listener hears only what it names
 
 
 async def test_probe_worker_calls_once_per_reservation_and_never_retries() -> None:
