@@ -101,3 +101,22 @@ def populate_url(db_url: str, insts: Institutions, *, per_provider: int,
             await engine.dispose()
 
     return asyncio.run(go())
+
+
+async def kill_backends(db_url: str) -> int:
+    """Terminate every server process connected to ``db_url``'s PostgreSQL database (to a
+    pool, a server restart); how many there were."""
+    import asyncpg
+
+    from tests.conftest import PG_ADMIN_URL
+
+    name = db_url.rsplit("/", 1)[1]
+    conn = await asyncpg.connect(PG_ADMIN_URL.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        rows = await conn.fetch("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE datname = $1 AND pid <> pg_backend_pid()", name)
+    finally:
+        await conn.close()
+    await asyncio.sleep(0.1)  # the server closes the sockets
+    return len(rows)
+
