@@ -10,6 +10,7 @@ beside the database (the kernel drops it with the process).
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -20,7 +21,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.db.engine import connect, redact
-from batch.errors import InputError
+from batch.errors import InputError, describe
+
+log = logging.getLogger("mydata.run")
 
 #: the advisory lock key of `run` (init_db's is 872634001)
 RUN_LOCK_KEY = 872634002
@@ -75,6 +78,15 @@ async def _pg_lock(engine: AsyncEngine) -> AsyncIterator[None]:
                 await conn.execute(text("SELECT pg_advisory_unlock(:key)"),
                                    {"key": RUN_LOCK_KEY})
                 await conn.commit()
+            except Exception as exc:
+                # The session is gone (a server restart, its backend killed): the server
+                # dropped the lock with it. Or the unlock failed some other way: closing
+                # the connection ends the session, which drops the lock. Either way the
+                # run's own outcome stands (it was written and recorded on other
+                # connections); it is not turned into an error at the very end.
+                log.warning("run lock: its connection was lost; the lock went with it",
+                            extra={"action": "run_lock_lost", "error": describe(exc)})
+                await conn.invalidate()
             except BaseException:
                 # never hand a connection that may still hold the lock back to the pool
                 await conn.invalidate()

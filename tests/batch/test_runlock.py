@@ -102,3 +102,22 @@ def test_the_refusal_never_shows_a_password() -> None:
     finally:
         asyncio.run(engine.dispose())
     assert "s3cret" not in message and "127.0.0.1" in message
+
+
+@pytest.mark.integration
+async def test_a_run_lock_whose_connection_was_lost_ends_without_an_error(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The server ends the lock's session mid-run (a restart): the block's own outcome
+    stands (no error at its very end, as the operator saw `run` exit 2 after a run that had
+    recorded itself done), the loss is logged, and the lock can be taken again."""
+    from tests.integration.helpers import kill_backends
+
+    engine: AsyncEngine = make_engine(pg_url)
+    try:
+        async with run_lock(engine):
+            assert await kill_backends(pg_url) >= 1
+        assert any(getattr(r, "action", None) == "run_lock_lost" for r in caplog.records)
+        async with run_lock(engine):  # the server dropped it with the session
+            pass
+    finally:
+        await engine.dispose()
