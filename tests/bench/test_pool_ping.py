@@ -3,11 +3,12 @@
 ``batch.db.engine._ping_when_idle``), side by side in one run.
 
 Run: ``pytest -s tests/bench/test_pool_ping.py`` (``PING_BENCH_TX``, ``PING_BENCH_ROUNDS``).
-Each round, taking turns on one database: ``PING_BENCH_TX`` one-statement transactions
-(``SELECT 1``) one after another, then eight at a time. asyncpg's ping is three round trips
-(BEGIN, an empty query, ROLLBACK) on top of the transaction's own three (BEGIN, the
-statement, COMMIT). Printed: this process's CPU and the wall time a transaction, the
-medians of the rounds and their ratio. Nothing about the times is asserted.
+Each round, taking turns on one new database (the tests' ``pg_url``): ``PING_BENCH_TX``
+one-statement transactions (``SELECT 1``) one after another, then eight at a time.
+asyncpg's ping is three round trips (BEGIN, an empty query, ROLLBACK) on top of the
+transaction's own three (BEGIN, the statement, COMMIT). Printed: this process's CPU and
+the wall time a transaction, the medians of the rounds and their ratio. Nothing about the
+times is asserted.
 """
 
 from __future__ import annotations
@@ -16,14 +17,11 @@ import asyncio
 import os
 import statistics
 import time
-import uuid
 
-import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.db.engine import make_engine, transaction
-from tests.conftest import PG_ADMIN_URL, _admin
 
 TX = int(os.environ.get("PING_BENCH_TX", "2000"))
 ROUNDS = int(os.environ.get("PING_BENCH_ROUNDS", "3"))
@@ -60,16 +58,8 @@ async def _bench(url: str) -> dict[tuple[int, str], list[tuple[float, float]]]:
     return out
 
 
-def test_pool_ping_cost_a_transaction() -> None:
-    name = f"mydata_b_{uuid.uuid4().hex[:12]}"
-    try:
-        asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:
-        pytest.skip(f"PostgreSQL unavailable: {exc}")
-    try:
-        out = asyncio.run(_bench(f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"))
-    finally:
-        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+def test_pool_ping_cost_a_transaction(pg_url: str) -> None:
+    out = asyncio.run(_bench(pg_url))
     print(f"\n== a one-statement PostgreSQL transaction, {TX:,} a round, {ROUNDS} rounds "
           "alternated (us a transaction: this process's CPU / wall) ==")
     for conc in CONCURRENCY:

@@ -11,14 +11,16 @@ import io
 import json
 import logging
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.clock import KST, ScaledClock
+from batch.config import Institutions
 from batch.db import schema
-from batch.dispatch.runner import RunOptions, run_day
+from batch.dispatch.runner import RunOptions, RunResult, run_day
 from batch.simulator import Simulator, consent_key
 from planning.windows import parse_window
 from tests.integration.helpers import (
@@ -34,6 +36,29 @@ from tests.sealing import CIPHER
 pytestmark = pytest.mark.integration
 
 
+def _each_consent_fetched_once(res: RunResult, insts: Institutions, stats: dict[str, Any],
+                               tokens: dict[str, list[str]], *, per_provider: int) -> None:
+    """The run ended well and the simulator saw each consent transferred once: every
+    provider's ``per_provider`` consents planned, attempted and succeeded, no rule broken."""
+    summary = res.summary.to_json()
+    assert res.exit_code == 0, summary
+    by_org = {p["org_code"]: p for p in summary["providers"]}
+    n = per_provider
+    for p in insts.providers:
+        s = by_org[p.org_code]
+        assert (s["planned"], s["attempted"], s["succeeded"], s["deferred"]) == (
+            n, n, n, 0), json.dumps(s)
+        sp = stats["providers"][p.org_code]
+        assert sp["violations"] == {"rate": 0, "window": 0, "duplicate_tran_id": 0,
+                                    "concurrency": 0,
+                                    "second_transfer": 0}
+        assert sp["transfers"] == n
+    for org, toks in tokens.items():
+        per_consent = stats["consents"][org]
+        assert sorted(per_consent) == sorted(consent_key(t) for t in toks)
+        assert set(per_consent.values()) == {1}
+
+
 async def test_a_short_window_run_attempts_every_due_consent_exactly_once(
     engine: AsyncEngine,
 ) -> None:
@@ -47,27 +72,14 @@ async def test_a_short_window_run_attempts_every_due_consent_exactly_once(
             lease=timedelta(minutes=5)), stream=io.StringIO(), install_signals=False)
         stats = sim.stats(detail=True)
 
-    summary = res.summary.to_json()
-    assert res.exit_code == 0, summary
-    assert summary["date"] == DAY.isoformat()
-    by_org = {p["org_code"]: p for p in summary["providers"]}
+    _each_consent_fetched_once(res, insts, stats, tokens, per_provider=120)
+    assert res.summary.to_json()["date"] == DAY.isoformat()
     for p in insts.providers:
-        s = by_org[p.org_code]
-        assert (s["planned"], s["attempted"], s["succeeded"], s["deferred"]) == (
-            120, 120, 120, 0), json.dumps(s)
         sp = stats["providers"][p.org_code]
-        assert sp["violations"] == {"rate": 0, "window": 0, "duplicate_tran_id": 0,
-                                    "concurrency": 0,
-                                    "second_transfer": 0}
         assert set(sp["by_api_type"]) == {"scheduled"}
         assert set(sp["by_code"]) == {"00000"}
-        assert sp["transfers"] == 120
         # page_limit=1: every item is its own page, fetched one after another
         assert sp["calls"] > 2 * 120
-    for org, toks in tokens.items():
-        per_consent = stats["consents"][org]
-        assert sorted(per_consent) == sorted(consent_key(t) for t in toks)
-        assert set(per_consent.values()) == {1}
 
     async with engine.connect() as conn:
         rows = (await conn.execute(select(schema.consents.c.due_week,
@@ -107,18 +119,7 @@ async def test_a_run_whose_database_connections_are_killed_twice_loses_nothing(
     failed = {getattr(r, "action", None) for r in caplog.records if r.levelno >= logging.WARNING}
     assert failed & {"claim_failed", "write_failed", "mark_failed", "renew_failed"}, failed
     assert len(killed) == 2 and all(n >= 1 for n in killed), killed
-    summary = res.summary.to_json()
-    by_org = {p["org_code"]: p for p in summary["providers"]}
-    for p in insts.providers:
-        s = by_org[p.org_code]
-        assert (s["planned"], s["attempted"], s["succeeded"], s["deferred"]) == (
-            120, 120, 120, 0), json.dumps(s)
-        sp = stats["providers"][p.org_code]
-        assert sp["transfers"] == 120
-        assert sp["violations"]["second_transfer"] == 0
-        assert sp["violations"]["duplicate_tran_id"] == 0
-    for org, toks in tokens.items():
-        assert sorted(stats["consents"][org]) == sorted(consent_key(t) for t in toks)
+    _each_consent_fetched_once(res, insts, stats, tokens, per_provider=120)
     async with pg.connect() as conn:
         rows = (await conn.execute(select(
             schema.consents.c.due_week, schema.consents.c.lease_owner,
