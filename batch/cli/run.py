@@ -114,6 +114,8 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
     clock = clock_from_env()
 
     async def go() -> tuple[RunSummary, int]:
+        import asyncio
+
         from batch.db.runlock import run_lock
 
         engine = make_engine(settings.db_url)
@@ -131,8 +133,12 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
                 summary = await _cluster_wide(engine, res.summary, session.report(),
                                               worker=options.worker_id, clock=clock)
                 return summary, summary.exit_code
-            async with run_lock(engine):  # one run per database (batch/db/runlock.py)
-                res = await run_day(engine, clock=clock, options=options, cipher=cipher)
+            # one run per database (batch/db/runlock.py); a lock lost to another run
+            # mid-run stops this one as SIGTERM would
+            lost = asyncio.Event()
+            async with run_lock(engine, on_lost=lost.set):
+                res = await run_day(engine, clock=clock, options=options, cipher=cipher,
+                                    stop=lost)
             return res.summary, res.exit_code
         finally:
             await engine.dispose()

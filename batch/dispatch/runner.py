@@ -375,10 +375,12 @@ def dump_tasks(stream: TextIO) -> None:
 
 
 async def execute(pieces: Pieces, options: RunOptions, *, clock: Clock, day: date,
-                  stream: TextIO, install_signals: bool = True) -> Execution:
-    """Step 4: every provider's dispatcher at once; SIGTERM/SIGINT stop claiming, in-flight
-    calls get the grace period, unstarted claims are released and outcomes written."""
-    stop = asyncio.Event()
+                  stream: TextIO, install_signals: bool = True,
+                  stop: asyncio.Event | None = None) -> Execution:
+    """Step 4: every provider's dispatcher at once; SIGTERM/SIGINT (or ``stop`` set by the
+    caller: the run lock lost to another run) stop claiming, in-flight calls get the grace
+    period, unstarted claims are released and outcomes written."""
+    stop = stop if stop is not None else asyncio.Event()
     loop = asyncio.get_running_loop()
     signals: list[signal.Signals] = []
     if install_signals:
@@ -482,9 +484,11 @@ async def run_day(
     stream: TextIO | None = None,
     http_factory: Callable[[int], httpx.AsyncClient] | None = None,
     install_signals: bool = True,
+    stop: asyncio.Event | None = None,
 ) -> RunResult:
     """Run today's work (read inputs, make sure of the plan, build each provider's pieces,
-    execute, record); returns the summary and the exit code."""
+    execute, record); returns the summary and the exit code. Setting ``stop`` stops it as
+    SIGTERM does."""
     stream = stream or sys.stderr
     run_id = options.run_id
     inputs = await read_inputs(engine, clock=clock, options=options, cipher=cipher)
@@ -502,7 +506,7 @@ async def run_day(
                               http_factory=http_factory)
         _step("build", run_id, dispatchers=len(pieces.dispatchers))
         done = await execute(pieces, options, clock=clock, day=inputs.today, stream=stream,
-                             install_signals=install_signals)
+                             install_signals=install_signals, stop=stop)
         _step("execute", run_id, interrupted=done.interrupted, persisted=done.persisted)
     except Exception as exc:
         reason = describe(exc)
