@@ -22,7 +22,9 @@ never shares the client's core. In order:
     2-CPU machine (2026-12-03, three runs: (a3) 1,645-2,503 calls/s, 396-621 us a call;
     the simulator's process shares the cores), so (a3) runs again after each (b) row, and
     each row is also set against the mean of the (a3) runs just before and after it
-    ("around");
+    ("around"). Under the table, who used the cores during each row (tests/bench/cpu.py):
+    the loop's thread, this process, the simulator and PostgreSQL's server, each as a
+    share of one core: a row measures the client's cost only if its loop was busy;
 (c) ``run_day`` paced at a planned 500 calls/s for two minutes: slice-start lateness p50/p99
     and missed slices (goal p99 < 5 ms, none missed);
 (d) from the same run, refreshes done per minute (from ``call_outcomes``) against the plan
@@ -77,6 +79,7 @@ from batch.resilience.outcomes import Outcome
 from batch.simulator import SimulatorProcess
 from batch.tranid import TranIdGenerator
 from planning.calendar import week_start
+from tests.bench.cpu import Shares, shares
 from tests.bench.loop_steps import loop_steps
 from tests.conftest import PG_ADMIN_URL, _admin
 from tests.integration.helpers import free_ports
@@ -311,6 +314,7 @@ class RunFigures:
     started_error: float  # planned vs started, the dispatcher's own count
     elapsed_total: float
     cpu: float = 0.0  # this process's CPU seconds in run_day (its database threads too)
+    shares: Shares | None = None  # who used the cores during run_day
 
     @property
     def cpu_us_per_call(self) -> float:
@@ -322,14 +326,16 @@ class RunFigures:
 
 
 async def _run(url: str, insts: Institutions, plan: dict[int, int],
-               steps: list[str] | None = None) -> RunFigures:
-    """``steps``: given, run_day's loop steps are timed (loop_steps.py) and reported there."""
+               steps: list[str] | None = None, *, sim_pid: int | None = None) -> RunFigures:
+    """``steps``: given, run_day's loop steps are timed (loop_steps.py) and reported there;
+    ``sim_pid``: the simulator's process, for its share of the cores."""
     engine = await _prepare(url, insts, plan)
     try:
         start = datetime(2026, 11, 30, 0, 59, 57, tzinfo=KST)
         clock = ScaledClock(1.0, start=start)  # speed 1: real seconds, shifted wall clock
         t0, c0 = time.monotonic(), time.process_time()
-        with loop_steps() if steps is not None else nullcontext() as probe:
+        with loop_steps() if steps is not None else nullcontext() as probe, \
+                shares(sim_pid) as used:
             res = await run_day(engine, cipher=CIPHER, clock=clock, options=RunOptions(
                 progress="none", lease=timedelta(minutes=10)), stream=io.StringIO(),
                 install_signals=False)
@@ -363,7 +369,8 @@ async def _run(url: str, insts: Institutions, plan: dict[int, int],
     return RunFigures(res.summary.to_json(), sum(int(p["calls"]) for p in provs), seconds,
                       {k: dict(v) for k, v in done.items()}, (p50, p99, mx),
                       sum(int(p["slices"]) for p in provs),
-                      sum(int(p["missed_slices"]) for p in provs), err, elapsed_total, cpu)
+                      sum(int(p["missed_slices"]) for p in provs), err, elapsed_total, cpu,
+                      used)
 
 
 def _minute_errors(fig: RunFigures, plan: dict[int, int]) -> list[float]:
@@ -449,7 +456,7 @@ def test_dispatch_throughput_lateness_and_plan_error(
     best_conc = max(via_client, key=via_client.__getitem__)
     around: list[tuple[float, float]] = [(client_rate, cpu_per_call["a3", best_conc])]
     for backend in SAT_BACKENDS:
-        fig = asyncio.run(_run(fresh_db(backend), insts, sat_plan))
+        fig = asyncio.run(_run(fresh_db(backend), insts, sat_plan, sim_pid=sim.pid))
         stats = sim.stats()
         sim.reset()
         c0 = time.process_time()
@@ -532,6 +539,10 @@ def test_dispatch_throughput_lateness_and_plan_error(
           + " -> ".join(f"{r:,.0f} calls/s {c:.0f} us" for r, c in around))
     print("    (saturated: the minute offered more than the loop could start; what was not "
           "started is deferred, as a real run would)")
+    for backend, fig in sat.items():  # a row is the client's cost only if its loop was busy
+        if fig.shares is not None:
+            print(f"    {backend} cores, run_day (3 s before its minute included): "
+                  f"{fig.shares.line()}")
     print(f"    CPU us: this process's CPU time a call (run_day, its database threads "
           f"included); (a3)/ours: the least of (a3)'s, {cpu_a3:.0f} us, over ours, the "
           f"goal's ratio as cost ((a) {cpu_a:.0f} us, (a2) {cpu_a2:.0f} us)")

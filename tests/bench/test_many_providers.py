@@ -46,6 +46,7 @@ from batch.dispatch.pacing import percentile
 from batch.dispatch.runner import RunOptions, run_day
 from batch.dispatch.stats import ProviderStats
 from batch.simulator import SimulatorProcess
+from tests.bench.cpu import cpu_seconds
 from tests.bench.loop_steps import gc_tally, loop_steps
 from tests.bench.test_dispatch_throughput import (
     CALLS_PER_REFRESH,
@@ -190,12 +191,6 @@ def every_tick() -> Iterator[list[float]]:
         ProviderStats.tick = tick  # type: ignore[method-assign]
 
 
-def _cpu_seconds(pid: int) -> float:
-    """Another process's CPU time so far (user + system), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _kind(statement: str) -> str:
     """A statement's verb and first table, for the per-kind counts printed."""
     words = statement.split()
@@ -224,14 +219,14 @@ def test_three_hundred_providers_in_one_process(
         if SIM_NICE:
             os.setpriority(os.PRIO_PROCESS, sim.pid, SIM_NICE)
         for backend in BACKENDS:
-            sim_cpu0 = _cpu_seconds(sim.pid)
+            sim_cpu0 = cpu_seconds(sim.pid)
             url = fresh_db(backend)
             ticker = subprocess.Popen([sys.executable, "-c", TICKER, str(MINUTES * 60)],
                                       stdout=subprocess.PIPE, text=True)
             step_reports[backend] = []
             fig = asyncio.run(_run(url, insts, plan, step_reports[backend] if STEPS else None))
             idle = json.loads(ticker.communicate(timeout=300)[0])
-            fig["sim_cpu"] = _cpu_seconds(sim.pid) - sim_cpu0
+            fig["sim_cpu"] = cpu_seconds(sim.pid) - sim_cpu0
             seen = sim.stats()["total"]["calls"]
             sim.reset()
             figures[backend] = (fig, idle, f"{os.getloadavg()[0]:.2f}")
