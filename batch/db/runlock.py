@@ -112,7 +112,12 @@ async def _watch(hold: _Hold, on_lost: Callable[[], None] | None, every: float,
                 await ending.wait()
         if ending.is_set():
             return
-        if await hold.held():
+        try:
+            if await hold.held():
+                continue
+        except Exception as exc:  # cannot tell (the lock file unreadable): next time
+            log.warning("run lock: could not be checked", extra={
+                "action": "run_lock_unchecked", "error": describe(exc)})
             continue
         try:
             holder = await hold.take()

@@ -388,3 +388,27 @@ def test_a_run_whose_lock_another_run_took_stops_writes_everything_and_exits_3(
     leased, done, logged = asyncio.run(state())
     assert leased == 0  # unstarted claims given back, finished ones written
     assert done == p["succeeded"] == logged
+
+
+async def test_a_lock_check_that_fails_is_logged_and_the_run_goes_on(
+        sqlite_url: str, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A check that cannot tell (the lock file unreadable) never ends the run with an error
+    of its own: logged, tried again at the next check, the lock released at the end."""
+    from batch.db import runlock
+
+    engine: AsyncEngine = make_engine(sqlite_url)
+    stopped: list[bool] = []
+
+    async def unreadable(self: runlock._FileHold) -> bool:
+        raise PermissionError("permission denied")
+
+    try:
+        async with run_lock(engine, on_lost=lambda: stopped.append(True), check_every=CHECK):
+            monkeypatch.setattr(runlock._FileHold, "held", unreadable)
+            await _eventually(lambda: _actions(caplog).count("run_lock_unchecked") >= 2)
+        assert stopped == []
+        async with run_lock(engine):  # released
+            pass
+    finally:
+        await engine.dispose()
