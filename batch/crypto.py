@@ -140,7 +140,7 @@ class TokenSlot:
 class TokenCipher:
     """Seals tokens with the first key; opens them with whichever key sealed them."""
 
-    __slots__ = ("_by_id", "_prefix", "_primary", "_primary_id")
+    __slots__ = ("_by_id", "_prefix", "_primary", "_primary_id", "bound_only")
 
     def __init__(self, keys: Sequence[bytes]) -> None:
         if not keys:
@@ -153,6 +153,17 @@ class TokenCipher:
         self._primary_id = key_id(keys[0])
         self._primary = self._by_id[self._primary_id]
         self._prefix = f"{VERSION}.{self._primary_id}."
+        #: refuse ``v1`` tokens (not bound to a row): once ``keys rotate`` has bound every
+        #: stored token, one that turns up is from an older copy or moved (:meth:`bound`)
+        self.bound_only = False
+
+    def bound(self) -> TokenCipher:
+        """This cipher (the same keys), refusing ``v1`` tokens."""
+        other = object.__new__(TokenCipher)
+        for name in ("_by_id", "_prefix", "_primary", "_primary_id"):
+            setattr(other, name, getattr(self, name))
+        other.bound_only = True
+        return other
 
     @classmethod
     def from_texts(cls, texts: Sequence[str], *, where: str = KEYS_ENV) -> TokenCipher:
@@ -236,6 +247,11 @@ class TokenCipher:
                                 f"in {KEYS_ENV}/{KEY_FILE_ENV} (wrong key, or an old key "
                                 "dropped before `keys rotate`)")
         bound = parts[0] == VERSION
+        if not bound and self.bound_only:
+            raise TokenKeyError(f"a stored {column} at {org_code} is {LEGACY_VERSION}, not "
+                                "bound to its row, though `keys rotate` bound every token: "
+                                "refused (put back from an older copy, or moved from "
+                                "another row)")
         try:
             body = parts[2]
             # binascii + translate: the fast form of urlsafe_b64decode (as ``_seal``)

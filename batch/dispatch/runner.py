@@ -136,6 +136,8 @@ class RunInputs:
     operator_org_code: str
     #: this process's node number (batch/db/nodes.py): no other process has had it
     node_id: int
+    #: ``keys rotate`` bound every stored token: a ``v1`` one is refused at its refresh
+    tokens_bound: bool = False
 
     @property
     def limits(self) -> dict[str, ProviderLimits]:
@@ -187,7 +189,7 @@ async def read_inputs(engine: AsyncEngine, *, clock: Clock, options: RunOptions,
     before anything is written or called), the providers (``--only``) and the start time."""
     if options.cluster is None or not await options.cluster.schema_current(engine):
         await init_db(engine)  # cluster mode: never DDL under running workers (deadlocks)
-    await check_tokens(engine, cipher)
+    stored = await check_tokens(engine, cipher)
     institutions = await read_institutions(engine)
     unknown = set(options.only) - {p.org_code for p in institutions.providers}
     if unknown:
@@ -204,7 +206,8 @@ async def read_inputs(engine: AsyncEngine, *, clock: Clock, options: RunOptions,
                                   heartbeat_timeout=30.0 if cl is None
                                   else cl.options.dead_after / cl.server_scale(engine))
     return RunInputs(now=now, today=today, week=week_start(today), providers=providers,
-                     operator_org_code=institutions.operator_org_code, node_id=node_id)
+                     operator_org_code=institutions.operator_org_code, node_id=node_id,
+                     tokens_bound=stored.bound_since is not None)
 
 
 async def open_run(engine: AsyncEngine, inputs: RunInputs, options: RunOptions) -> None:
@@ -492,6 +495,8 @@ async def run_day(
     stream = stream or sys.stderr
     run_id = options.run_id
     inputs = await read_inputs(engine, clock=clock, options=options, cipher=cipher)
+    if inputs.tokens_bound:  # a v1 token put in after the check fails its consent alone
+        cipher = cipher.bound()
     _step("read_inputs", run_id, providers=len(inputs.providers),
           date=inputs.today.isoformat())
     await open_run(engine, inputs, options)

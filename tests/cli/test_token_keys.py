@@ -150,3 +150,32 @@ def test_seed_force_with_a_wrong_key_changes_nothing(db_url: str, tmp_path: Path
     refused(cli("--db", db_url, "seed", "--force", "--consents", "10", "--out",
                 str(tmp_path / "seed-out"), **{KEYS_ENV: generate_key()}), "does not hold")
     assert snapshot(db_url) == before  # not even the seed's institutions
+
+
+def test_after_keys_rotate_a_v1_token_stops_run_and_rotate_until_accepted(
+    sqlite_url: str,
+) -> None:
+    """As an operator: `keys rotate` says every token is bound; a v1 token found after
+    (an older copy put back) makes `run` and a plain `keys rotate` one line and exit 2;
+    `keys rotate --accept-v1` seals it and `run` starts again."""
+    from tests.sealing import seal_v1
+
+    insts = make_institutions(free_ports(1), industries=("bank",))
+    populate_url(sqlite_url, insts, per_provider=3,
+                 now=datetime(2026, 11, 30, 0, 59, 50, tzinfo=KST))
+    res = ok(cli("--db", sqlite_url, "keys", "rotate"))
+    assert "every token is bound to its row" in res.stdout
+    c = schema.consents.c
+    (first,) = query(sqlite_url, select(c.id).order_by(c.id).limit(1))
+    query(sqlite_url, update(schema.consents).where(c.id == first[0])
+          .values(access_token=seal_v1("oldAT")))
+    for args in (("run", "--progress", "none"), ("keys", "rotate")):
+        refused(cli("--db", sqlite_url, *args), "1 stored token(s) are v1",
+                "--accept-v1")
+    res = ok(cli("--db", sqlite_url, "keys", "rotate", "--accept-v1"))
+    assert "re-sealed the tokens of 1 of 3 consent(s)" in res.stdout, res.stdout
+    # past the check (no provider is up here: the day's work is deferred, exit 1)
+    run = cli("--db", sqlite_url, "run", "--progress", "none", "--window-override",
+              "0000:0001", MYDATA_CLOCK="speed=1;start=2026-11-30T07:00:00+09:00")
+    assert run.returncode == 1 and "error" not in run.stderr, run.stderr[-2000:]
+    assert "step_record" in run.stderr

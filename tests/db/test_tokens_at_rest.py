@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.clock import KST
 from batch.config import parse_institutions
-from batch.crypto import TokenCipher, TokenKeyError, generate_key, stored_key_id
+from batch.crypto import TokenCipher, TokenKeyError, TokenSlot, generate_key, stored_key_id
 from batch.db import schema, work
 from batch.db.loaders import load_consents, load_institutions
 from batch.db.revocation import revoke
@@ -276,3 +276,57 @@ async def test_load_claim_refresh_claim_round_trip(loaded: AsyncEngine) -> None:
     again = {c.id: c for c in await _claim_all(store, "w2")}
     assert (again[1].access_token, again[1].refresh_token) == ("simA-rt-2", "simR-rt-1")
     assert (again[2].access_token, again[2].refresh_token) == ("plainAT002", "plainRT002")
+
+
+async def test_once_a_rotation_bound_every_token_a_v1_token_is_refused_until_accepted(
+    loaded: AsyncEngine,
+) -> None:
+    """`keys rotate` records that every token is bound; a v1 token that turns up after
+    (put back from an older copy, or moved from another row: nothing tells) is refused by
+    the check every command starts with, by a plain rotation, and at its refresh, until a
+    rotation with `--accept-v1` seals it."""
+    assert (await check_tokens(loaded, CIPHER)).bound_since is None  # loaded, not rotated
+    done = await reseal_all(loaded, CIPHER, now=NOW)
+    assert done.bound
+    found = await check_tokens(loaded, CIPHER)
+    assert (found.unbound, found.bound_since) == (0, NOW.isoformat(timespec="seconds"))
+
+    await _set_tokens(loaded, 2, access_token=seal_v1("oldAT2"))
+    for attempt in (check_tokens(loaded, CIPHER), reseal_all(loaded, CIPHER)):
+        with pytest.raises(TokenKeyError) as e:
+            await attempt
+        message = str(e.value)
+        assert "\n" not in message and message.startswith("1 stored token(s) are v1")
+        assert "--accept-v1" in message and NOW.isoformat(timespec="seconds") in message
+    slot = TokenSlot(ORG, "u2", "access_token")
+    stored = (await _stored(loaded))[1][1]
+    assert CIPHER.decrypt(stored, slot) == "oldAT2"  # the keys open it...
+    with pytest.raises(TokenKeyError, match="is v1, not bound to its row"):
+        CIPHER.bound().decrypt(stored, slot)  # ...but a run after the binding refuses it
+    assert CIPHER.bound().decrypt(CIPHER.encrypt("t", slot), slot) == "t"  # v2 opens
+
+    done = await reseal_all(loaded, CIPHER, accept_unbound=True, now=NOW + timedelta(days=1))
+    assert (done.resealed, done.bound) == (1, True)
+    found = await check_tokens(loaded, CIPHER)  # the first binding's time is kept
+    assert (found.unbound, found.bound_since) == (0, NOW.isoformat(timespec="seconds"))
+    assert unseal((await _stored(loaded))[1][1], ORG, "u2") == "oldAT2"
+
+
+async def test_the_binding_is_recorded_only_once_no_v1_token_is_left(
+    loaded: AsyncEngine,
+) -> None:
+    """A rotation that leaves a v1 token behind (a row put back while it ran) records
+    nothing, so nothing is refused yet; the check still counts the v1 tokens."""
+    from batch.db.tokens import _bind
+
+    await _set_tokens(loaded, 1, access_token=seal_v1("oldAT1"))
+    async with loaded.begin() as conn:
+        assert not await _bind(conn, NOW)
+    found = await check_tokens(loaded, CIPHER)
+    assert (found.unbound, found.bound_since) == (1, None)
+    await _set_tokens(loaded, 1, access_token=CIPHER.encrypt(
+        "newAT1", TokenSlot(ORG, "u1", "access_token")))
+    async with loaded.begin() as conn:
+        assert await _bind(conn, NOW)
+    found = await check_tokens(loaded, CIPHER)
+    assert (found.unbound, found.bound_since) == (0, NOW.isoformat(timespec="seconds"))
