@@ -180,11 +180,8 @@ async def _bind(conn: AsyncConnection, now: datetime | None) -> bool:
     """Record, in ``conn``'s transaction, that every stored token is bound, if it is (no
     ``v1`` one left: a row put back meanwhile would be one); the first such time is
     kept."""
-    v1 = f"{LEGACY_VERSION}."
-    c = consents.c
     left = (await conn.execute(select(func.count()).where(
-        or_(func.substr(c.access_token, 1, len(v1)) == v1,
-            func.substr(c.refresh_token, 1, len(v1)) == v1)))).scalar_one()
+        or_(_is_v1("access_token") == 1, _is_v1("refresh_token") == 1)))).scalar_one()
     if left:
         return False
     if (await conn.execute(select(settings.c.value).where(

@@ -322,28 +322,13 @@ def test_a_run_whose_lock_another_run_took_stops_writes_everything_and_exits_3(
     lock (the first one's lost in between). The first notices at its next check, stops as
     on SIGTERM (exit 3, status interrupted, the error line naming the other), gives its
     unstarted claims back and writes every outcome."""
-    from sqlalchemy import func, select
-
-    from batch.clock import KST, ScaledClock
-    from batch.db import schema
+    from batch.clock import KST
     from batch.simulator import SimulatorProcess
-    from tests.integration.helpers import (
-        free_ports,
-        institutions_toml,
-        make_institutions,
-        populate_url,
-    )
+    from tests.integration.helpers import interrupted_run, leased_done_logged
 
     speed = 5.0
-    ports = free_ports(1)
-    toml = tmp_path / "institutions.toml"
-    toml.write_text(institutions_toml(ports, cps=50, industries=("bank",)))
-    insts = make_institutions(ports, cps=50, industries=("bank",))
-    clock = ScaledClock(speed, start=datetime(2026, 11, 30, 0, 59, 30, tzinfo=KST))
-    populate_url(db_url, insts, per_provider=400, now=clock.now())
-    monkeypatch.setenv("MYDATA_CLOCK", clock.spec())
-    cmd = [sys.executable, "-m", "batch.cli", "--db", db_url, "run", "--window-override",
-           "0100:0102", "--json", "--progress", "none", "--log-level", "WARNING"]
+    run = interrupted_run(db_url, tmp_path, monkeypatch, speed=speed)
+    clock, cmd = run.clock, run.cmd
 
     async def go() -> tuple[int, bytes, bytes]:
         proc = await asyncio.create_subprocess_exec(
@@ -361,7 +346,7 @@ def test_a_run_whose_lock_another_run_took_stops_writes_everything_and_exits_3(
         assert proc.returncode is not None
         return proc.returncode, out, err
 
-    with SimulatorProcess(toml, window_override=["0100:0102"]):
+    with SimulatorProcess(run.toml, window_override=["0100:0102"]):
         code, out, err = asyncio.run(go())
     assert code == 3, err.decode()[-2000:]
     summary = json.loads(out)
@@ -371,21 +356,7 @@ def test_a_run_whose_lock_another_run_took_stops_writes_everything_and_exits_3(
     assert "run_lock_taken" in err.decode() or "another run took it" in err.decode()
     assert "Traceback" not in err.decode()
 
-    async def state() -> tuple[int, int, int]:
-        engine = make_engine(db_url)
-        try:
-            async with engine.connect() as conn:
-                leased = (await conn.execute(select(func.count()).where(
-                    schema.consents.c.lease_owner.is_not(None)))).scalar_one()
-                done = (await conn.execute(select(func.count()).where(
-                    schema.consents.c.week_result == "done"))).scalar_one()
-                logged = (await conn.execute(select(func.count()).select_from(
-                    schema.call_outcomes))).scalar_one()
-            return int(leased), int(done), int(logged)
-        finally:
-            await engine.dispose()
-
-    leased, done, logged = asyncio.run(state())
+    leased, done, logged = leased_done_logged(db_url)
     assert leased == 0  # unstarted claims given back, finished ones written
     assert done == p["succeeded"] == logged
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import sys
+from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import insert
+import pytest
+from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from batch.clock import KST, ScaledClock
 from batch.config import Institutions, parse_institutions
 from batch.db import schema
 from batch.db.engine import init_db, make_engine
@@ -120,3 +124,51 @@ async def kill_backends(db_url: str) -> int:
     await asyncio.sleep(0.1)  # the server closes the sockets
     return len(rows)
 
+
+
+@dataclass(frozen=True)
+class InterruptedRun:
+    """A `run` of one bank's 400 consents over 01:00-01:02 at a ``speed``x clock from
+    00:59:30, meant to be stopped part way (SIGTERM, its lock taken): the simulator's
+    institutions file, the clock (in ``MYDATA_CLOCK`` already) and the command."""
+
+    toml: Path
+    clock: ScaledClock
+    cmd: list[str]
+    consents: int = 400
+
+
+def interrupted_run(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *,
+                    speed: float) -> InterruptedRun:
+    """Populate ``db_url`` and set the clock for an :class:`InterruptedRun`."""
+    ports = free_ports(1)
+    toml = tmp_path / "institutions.toml"
+    toml.write_text(institutions_toml(ports, cps=50, industries=("bank",)))
+    insts = make_institutions(ports, cps=50, industries=("bank",))
+    clock = ScaledClock(speed, start=datetime(2026, 11, 30, 0, 59, 30, tzinfo=KST))
+    populate_url(db_url, insts, per_provider=InterruptedRun.consents, now=clock.now())
+    monkeypatch.setenv("MYDATA_CLOCK", clock.spec())
+    cmd = [sys.executable, "-m", "batch.cli", "--db", db_url, "run", "--window-override",
+           "0100:0102", "--json", "--progress", "none", "--log-level", "WARNING"]
+    return InterruptedRun(toml, clock, cmd)
+
+
+def leased_done_logged(db_url: str) -> tuple[int, int, int]:
+    """After a run: consents still leased, consents done this week (due next week), and
+    outcome rows."""
+    async def go() -> tuple[int, int, int]:
+        engine = make_engine(db_url)
+        c = schema.consents.c
+        try:
+            async with engine.connect() as conn:
+                leased = (await conn.execute(select(func.count()).where(
+                    c.lease_owner.is_not(None)))).scalar_one()
+                done = (await conn.execute(select(func.count()).where(
+                    c.due_week == WEEK + timedelta(days=7)))).scalar_one()
+                logged = (await conn.execute(select(func.count()).select_from(
+                    schema.call_outcomes))).scalar_one()
+            return int(leased), int(done), int(logged)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(go())
