@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Protocol
 
-from batch.deadlines import timeout
+from batch.deadlines import deadline, timeout
 
 #: Korea Standard Time. Korea keeps no daylight saving time, so a fixed offset is exact.
 KST = timezone(timedelta(hours=9), "KST")
@@ -45,6 +45,21 @@ class Clock(Protocol):
         """Like ``asyncio.timeout``, on this clock: raises TimeoutError when it expires."""
         ...
 
+    def deadline(self, seconds: float | None) -> Entered:
+        """:meth:`timeout`'s block started now, without ``async with`` (a coroutine each
+        way saved: the resilience chain takes one an attempt). Its ``leave()`` must follow
+        in every case; it answers True when the block expired and the task's cancellation
+        was its own (the caller turns that ``CancelledError`` into ``TimeoutError``)."""
+        ...
+
+
+class Entered(Protocol):
+    """A timeout's block started by :meth:`Clock.deadline`."""
+
+    def leave(self) -> bool:
+        """End the block; True if its expiry cancelled the task (see Clock.deadline)."""
+        ...
+
 
 class SystemClock:
     """The real clock: the event loop's monotonic time and ``datetime.now``."""
@@ -70,6 +85,9 @@ class SystemClock:
 
     def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[object]:
         return timeout(seconds)
+
+    def deadline(self, seconds: float | None) -> Entered:
+        return deadline(seconds)
 
 
 class FakeClock:
@@ -124,6 +142,9 @@ class FakeClock:
 
     def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[object]:
         return _FakeTimeout(self, seconds)
+
+    def deadline(self, seconds: float | None) -> Entered:
+        return _FakeTimeout(self, seconds).enter()
 
     def advance(self, seconds: float) -> None:
         """Jump ahead by ``seconds`` (>= 0) and fire every timer now due."""
@@ -194,11 +215,24 @@ class _FakeTimeout:
         self._task: asyncio.Task[object] | None = None
         self._timer: _Timer | None = None
 
-    async def __aenter__(self) -> None:
+    def enter(self) -> _FakeTimeout:
         self._task = asyncio.current_task()
         if self._seconds is not None:
             self._timer = self._clock.call_at(self._clock.monotonic() + self._seconds,
                                               self._expire)
+        return self
+
+    def leave(self) -> bool:
+        if self._timer is not None:
+            self._timer.cancel()
+        task = self._task
+        if task is None:
+            return False
+        self._task = None
+        return self._fired and task.uncancel() == 0
+
+    async def __aenter__(self) -> None:
+        self.enter()
 
     def _expire(self) -> None:
         if self._task is not None and not self._task.done():
@@ -211,12 +245,8 @@ class _FakeTimeout:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        if self._timer is not None:
-            self._timer.cancel()
-        if self._fired and exc_type is asyncio.CancelledError:
-            assert self._task is not None
-            if self._task.uncancel() == 0:
-                raise TimeoutError from exc
+        if self.leave() and exc_type is asyncio.CancelledError:
+            raise TimeoutError from exc
         return None
 
 
@@ -269,6 +299,9 @@ class ScaledClock:
 
     def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[object]:
         return timeout(None if seconds is None else seconds / self._speed)
+
+    def deadline(self, seconds: float | None) -> Entered:
+        return deadline(None if seconds is None else seconds / self._speed)
 
 
 def clock_from_spec(spec: str | None) -> Clock:

@@ -47,7 +47,10 @@ class Deadline:
         self._cancelling = 0
         self._fifo: deque[Deadline] | None = None  # the queue's FIFO it waits in
 
-    async def __aenter__(self) -> Deadline:
+    def enter(self) -> Deadline:
+        """Start the block now (what ``async with`` does first, without its coroutine: the
+        resilience chain's attempts take one each); :meth:`leave` must follow, in every
+        case."""
         seconds = self.seconds
         if seconds is not None:
             given = self._queue
@@ -70,9 +73,13 @@ class Deadline:
             queue.add(self, seconds)
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    def leave(self) -> bool:
+        """End the block (again: nothing). True if it expired and the task's cancellation
+        was this timeout's alone: the caller turns a ``CancelledError`` then into
+        ``TimeoutError``, as ``async with`` does."""
         task = self.task
+        if task is None:
+            return False
         self.task = None  # a dead entry from now on: the timer skips it
         fifo = self._fifo
         if fifo and fifo[0] is self:
@@ -81,8 +88,14 @@ class Deadline:
             fifo.popleft()
             while fifo and fifo[0].task is None:
                 fifo.popleft()
-        if (self._expired and task is not None and task.uncancel() <= self._cancelling
-                and exc_type is _CancelledError):
+        return self._expired and task.uncancel() <= self._cancelling
+
+    async def __aenter__(self) -> Deadline:
+        return self.enter()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self.leave() and exc_type is _CancelledError:
             raise TimeoutError from exc
 
     @property
@@ -115,10 +128,12 @@ class Deadlines:
         d.when = self._loop.time() + seconds
         # Blocks of one duration start in deadline order (to the millisecond: a later one
         # behind an earlier one fires when that does, at most a millisecond late).
-        key = round(seconds, 3)
-        q = self._queues.get(key)
+        q = self._queues.get(seconds)  # a key is its own rounding: round() costs 180 ns
         if q is None:
-            q = self._queues[key] = deque()
+            key = round(seconds, 3)
+            q = self._queues.get(key)
+            if q is None:
+                q = self._queues[key] = deque()
         q.append(d)
         d._fifo = q
         if d.when < self._armed:
@@ -177,6 +192,24 @@ def _of_loop(loop: asyncio.AbstractEventLoop) -> Deadlines:
 def timeout(seconds: float | None) -> Deadline:
     """Like ``asyncio.timeout(seconds)``, on the running loop's one timer."""
     return Deadline(seconds)
+
+
+def deadline(seconds: float | None) -> Deadline:
+    """:func:`timeout`'s block started now, without ``async with`` (:meth:`Deadline.enter`);
+    its :meth:`Deadline.leave` must follow."""
+    loop, queue = _last
+    if (seconds is not None and queue is not None
+            and getattr(loop, "_thread_id", None) == get_ident()):
+        # the last loop asked about runs in this thread: enter()'s work, inline (a chain's
+        # every attempt takes one)
+        task = _running_task(loop)  # type: ignore[arg-type]
+        if task is not None:
+            d = Deadline(seconds, queue)
+            d.task = task
+            d._cancelling = task.cancelling()
+            queue.add(d, seconds)
+            return d
+    return Deadline(seconds).enter()
 
 
 def deadlines() -> Deadlines:

@@ -12,6 +12,7 @@ that awaits, so a call that needs no waiting creates no task and no future.
 from __future__ import annotations
 
 import random as _random
+from asyncio import CancelledError as _CancelledError
 from collections.abc import Awaitable, Callable, Sequence
 
 from batch.clock import Clock
@@ -190,12 +191,24 @@ class ProviderChain:
                         break
                     if self._per_attempt < t:
                         t = self._per_attempt
+                    # the timeout's block without ``async with`` (two coroutines an attempt)
+                    d = clock.deadline(t)
                     try:
-                        async with clock.timeout(t):
-                            o = await attempt(t)
-                    except TimeoutError:
+                        o = await attempt(t)
+                    except _CancelledError:
+                        if not d.leave():
+                            raise
                         o = timed_out(f"no answer within {t:.3g} s",
                                       elapsed=clock.monotonic() - now)
+                    except TimeoutError:
+                        d.leave()
+                        o = timed_out(f"no answer within {t:.3g} s",
+                                      elapsed=clock.monotonic() - now)
+                    except BaseException:
+                        d.leave()
+                        raise
+                    else:
+                        d.leave()
                 finally:
                     bulkhead.release()
                 end = clock.monotonic()

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
-from batch.clock import FakeClock
+from batch.clock import FakeClock, ScaledClock, SystemClock
 
 
 async def test_fake_sleep_wakes_only_when_clock_reaches_deadline() -> None:
@@ -59,3 +60,31 @@ def test_fake_clock_refuses_to_go_backwards() -> None:
     start = clock.now()
     clock.advance(90)
     assert (clock.now() - start).total_seconds() == 90
+
+
+
+@pytest.mark.parametrize("make", [FakeClock, SystemClock,
+                                  lambda: ScaledClock(10.0, start=FakeClock().now())],
+                         ids=["fake", "system", "scaled"])
+async def test_every_clock_starts_a_timeout_block_by_hand(make: Any) -> None:
+    """Clock.deadline: the timeout's block without ``async with`` (the chain's attempts);
+    leave() says whether its own expiry cancelled the task."""
+    clock = make()
+
+    async def body(seconds: float) -> str:
+        d = clock.deadline(seconds)
+        try:
+            await clock.sleep(0.5)
+        except asyncio.CancelledError:
+            if not d.leave():
+                raise
+            return "timed out"
+        return "finished" if d.leave() is False else "leave() said expired"
+
+    slow = asyncio.create_task(body(0.1))
+    quick = asyncio.create_task(body(60.0))
+    if isinstance(clock, FakeClock):
+        await clock.run_for(1.0)
+    assert await slow == "timed out"
+    assert await quick == "finished"
+    assert slow.cancelling() == 0

@@ -215,3 +215,42 @@ async def test_blocks_on_the_running_loop_find_their_task() -> None:
             return d.task
     tasks = [asyncio.create_task(block()) for _ in range(3)]
     assert await asyncio.gather(*tasks) == tasks
+
+
+async def test_a_block_entered_and_left_by_hand_reports_its_own_expiry() -> None:
+    """enter()/leave(), the chain's form of the block: leave() is True only when this
+    timeout expired and cancelled the task (taken back), and a second leave() is nothing."""
+    q, loop = _queue()
+
+    async def body(outside_cancel: bool) -> str:
+        d = q.timeout(5.0).enter()
+        try:
+            await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            if not d.leave():
+                raise
+            return "timed out"
+        finally:
+            assert d.leave() is False  # left already: nothing more
+        return "finished"
+
+    expired = asyncio.create_task(body(False))
+    await _settle()
+    loop.advance(5.0)
+    assert await expired == "timed out"
+    assert expired.cancelling() == 0
+    assert q.pending == 0
+
+    elsewhere = asyncio.create_task(body(True))
+    await _settle()
+    elsewhere.cancel()
+    loop.advance(5.0)  # expires too, after the outside cancel: not ours to swallow
+    with pytest.raises(asyncio.CancelledError):
+        await elsewhere
+
+    d = q.timeout(1.0).enter()
+    await asyncio.sleep(0)
+    assert d.leave() is False  # ended in time
+    loop.advance(10.0)
+    await asyncio.sleep(0)  # a stray cancel would land here
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
