@@ -517,32 +517,52 @@ def _marks_tx(conn: Connection, by_worker: dict[str, list[int]],
 RELEASED: dict[str, Any] = {"lease_owner": None, "lease_until": None, "started_at": None}
 
 
-def consent_changes(t: Transition) -> dict[str, Any]:
-    """The consent columns ``t`` sets, to absolute values (so every store agrees)."""
-    fresh_week = {"attempts": 0, "unknown_attempts": 0, "counters_week": None,
-                  "pending_items": None}
-    common = {**RELEASED, "updated_at": t.at}
+#: the columns each kind of transition sets (:func:`consent_change_values`), by shape
+_RELEASED_COLS = (*RELEASED, "updated_at")
+_FRESH_WEEK_COLS = ("attempts", "unknown_attempts", "counters_week", "pending_items")
+_DONE_COLS = (*_RELEASED_COLS, *_FRESH_WEEK_COLS, "due_week", "last_scheduled_at",
+              "week_result", "last_error")
+_WEEK_OVER_COLS = (*_RELEASED_COLS, *_FRESH_WEEK_COLS, "due_week", "week_result",
+                   "last_error")
+_DEAD_ASSET_COLS = (*_RELEASED_COLS, "status", "pending_items", "week_result", "last_error")
+_RETRY_COLS = (*_RELEASED_COLS, "attempts", "unknown_attempts", "counters_week", "not_before",
+               "week_result", "last_error", "pending_items")
+_NOT_ATTEMPTED_COLS = (*_RELEASED_COLS, "pending_items")
+_DONE_RESULT = WeekResult.DONE.value
+_DEAD_ASSET_RESULT = WeekResult.DEAD_ASSET.value
+
+
+def consent_change_values(t: Transition) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    """The consent columns ``t`` sets and their values, to absolute values (so every store
+    agrees): a tuple each, no dict (a flush makes one per refresh; :func:`prepare_apply`
+    sends them as columns)."""
+    at = t.at
     match t:
         case Done():
-            return {**common, **fresh_week, "due_week": t.next_week,
-                    "last_scheduled_at": t.at, "week_result": WeekResult.DONE.value,
-                    "last_error": None}
+            return _DONE_COLS, (None, None, None, at, 0, 0, None, None, t.next_week, at,
+                                _DONE_RESULT, None)
         case AlreadyTransferred():
-            return {**common, **fresh_week, "due_week": t.next_week,
-                    "week_result": t.week_result.value, "last_error": t.error}
+            return _WEEK_OVER_COLS, (None, None, None, at, 0, 0, None, None, t.next_week,
+                                     t.week_result.value, t.error)
         case DeadLetter():
-            return {**common, **fresh_week, "due_week": t.next_week,
-                    "week_result": t.why.value, "last_error": t.error}
+            return _WEEK_OVER_COLS, (None, None, None, at, 0, 0, None, None, t.next_week,
+                                     t.why.value, t.error)
         case DeadAsset():
-            return {**common, "status": "dead", "pending_items": None,
-                    "week_result": WeekResult.DEAD_ASSET.value, "last_error": t.error}
+            return _DEAD_ASSET_COLS, (None, None, None, at, "dead", None, _DEAD_ASSET_RESULT,
+                                      t.error)
         case RetryLater() | Unknown():
-            return {**common, "attempts": t.attempts, "unknown_attempts": t.unknown_attempts,
-                    "counters_week": t.week, "not_before": t.not_before,
-                    "week_result": t.week_result.value, "last_error": t.error,
-                    "pending_items": _progress(t.progress)}
+            return _RETRY_COLS, (None, None, None, at, t.attempts, t.unknown_attempts, t.week,
+                                 t.not_before, t.week_result.value, t.error,
+                                 _progress(t.progress))
         case NotAttempted():
-            return {**common, "pending_items": _progress(t.progress)}
+            return _NOT_ATTEMPTED_COLS, (None, None, None, at, _progress(t.progress))
+    raise TypeError(f"not a transition: {t!r}")
+
+
+def consent_changes(t: Transition) -> dict[str, Any]:
+    """The consent columns ``t`` sets, to absolute values (so every store agrees)."""
+    cols, values = consent_change_values(t)
+    return dict(zip(cols, values, strict=True))
 
 
 def token_changes(t: TokenRefreshed) -> dict[str, Any]:
@@ -553,12 +573,16 @@ def token_changes(t: TokenRefreshed) -> dict[str, Any]:
     return out
 
 
+def outcome_values(t: Transition, *, run_id: str, day: date) -> tuple[Any, ...]:
+    """The ``call_outcomes`` row of one refresh, in ``bulk.OUTCOME_COLS``' order."""
+    g = t.log
+    return (run_id, g.consent_id, g.org_code, day, g.tran_id, g.kind, t.step._value_,
+            g.rsp_code, g.calls, g.elapsed_ms, g.at)
+
+
 def outcome_row(t: Transition, *, run_id: str, day: date) -> dict[str, Any]:
     """The ``call_outcomes`` row of one refresh (written whoever holds the lease now)."""
-    g = t.log
-    return {"run_id": run_id, "consent_id": g.consent_id, "org_code": g.org_code, "day": day,
-            "tran_id": g.tran_id, "kind": g.kind, "action": t.step.value,
-            "rsp_code": g.rsp_code, "calls": g.calls, "elapsed_ms": g.elapsed_ms, "at": g.at}
+    return dict(zip(bulk.OUTCOME_COLS, outcome_values(t, run_id=run_id, day=day), strict=True))
 
 
 def dead_letter_row(t: DeadLetter) -> dict[str, Any]:
@@ -644,27 +668,33 @@ async def prepare_apply(dialect: Dialect, changes: Sequence[Change], *, run_id: 
     saturated loop the turns of a 2,000-outcome flush held the turn (and every start mark
     and claim waiting for it) for 390 ms at the median."""
     batch = Batch.of(changes)
-    shapes: dict[tuple[str, tuple[str, ...]], tuple[list[int], list[dict[str, Any]]]] = {}
-    outcomes: list[dict[str, Any]] = []
+    shapes: dict[tuple[str, tuple[str, ...]], tuple[list[int], list[tuple[Any, ...]]]] = {}
+    outcomes: list[tuple[Any, ...]] = []
     for k, t in enumerate(batch.transitions):
         if k and k % PREPARE_GROUP == 0:
             await asyncio.sleep(0)
-        values = consent_changes(t)
-        ids, rows = shapes.setdefault((type(t).__name__, tuple(values)), ([], []))
+        cols, values = consent_change_values(t)
+        ids, rows = shapes.setdefault((type(t).__name__, cols), ([], []))
         ids.append(t.consent_id)
         rows.append(values)
-        outcomes.append(outcome_row(t, run_id=run_id, day=day))
+        outcomes.append(outcome_values(t, run_id=run_id, day=day))
     # The statements too, a turn of the loop each: inside the transaction its turns only
     # send them (a 300-row flush's outcome insert, built there, was one 3-5 ms step).
     updates: list[bulk.Prepared] = []
     for key in sorted(shapes):  # one statement per kind and shape, in a fixed order
         await asyncio.sleep(0)
         ids, rows = shapes[key]
-        updates.append(bulk.prepare_update(dialect, ids, rows, worker=worker))
+        updates.append(bulk.prepare_update_columns(dialect, ids, key[1], _columns(rows),
+                                                   worker=worker))
     await asyncio.sleep(0)
-    logged = bulk.prepare_outcomes(dialect, outcomes)
+    logged = bulk.prepare_outcomes_columns(dialect, _columns(outcomes) if outcomes else [])
     await asyncio.sleep(0)  # the transaction's opening in a turn of its own
     return PreparedApply(batch, tuple(updates), logged)
+
+
+def _columns(rows: list[tuple[Any, ...]]) -> list[list[Any]]:
+    """Rows of one shape as its columns (a list each), transposed in C."""
+    return [list(c) for c in zip(*rows, strict=True)]
 
 
 async def write_prepared(engine: AsyncEngine, p: PreparedApply) -> None:

@@ -6,6 +6,7 @@ import contextlib
 import json
 import sqlite3
 from datetime import UTC, date, datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
 
 import pytest
 from hypothesis import given
@@ -293,3 +294,15 @@ def test_a_varying_time_that_is_null_stays_null() -> None:
     assert made == (None,)
     with pytest.raises(ValueError, match="naive"):
         bulk._sqlite_us(datetime(2026, 11, 30, 1, 0))
+
+
+@given(st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30),
+                    timezones=st.sampled_from((*_ZONES, ZoneInfo("America/New_York"),
+                                               ZoneInfo("Asia/Seoul")))))
+def test_a_time_in_microseconds_is_exact_in_every_zone(value: datetime) -> None:
+    """_epoch_us and _sqlite_us subtract a base time of the value's own fixed-offset zone
+    (no offset lookups): the same microseconds as against UTC, west of UTC and in year 1
+    too, and a zone with daylight saving time against the UTC base."""
+    us = timedelta(microseconds=1)
+    assert bulk._epoch_us(value) == (value - datetime(1970, 1, 1, tzinfo=UTC)) // us
+    assert bulk._sqlite_us(value) == (value - datetime(1, 1, 1, tzinfo=UTC)) // us
