@@ -52,8 +52,10 @@ class _Statements:
     def __call__(self, _conn: object, _cursor: object, statement: str, *_: object) -> None:
         self.sent.append((" ".join(statement.split()), threading.get_ident()))
 
-    def index(self, start: str) -> int:
-        return next(k for k, (s, _) in enumerate(self.sent) if s.startswith(start))
+    def index(self, part: str) -> int:
+        """The first statement holding ``part`` (PostgreSQL's start mark and writes are
+        inside a ``WITH``)."""
+        return next(k for k, (s, _) in enumerate(self.sent) if part in s)
 
 
 @pytest.fixture
