@@ -251,7 +251,7 @@ def decide(claim: Claim, result: RefreshResult, *, week: date, now: datetime,
     """The consent's transition after ``result`` (the module docstring's table)."""
     o = result.outcome
     action = o.action
-    base = Refreshed(claim.id, claim.org_code, now, o.kind.value, o.rsp_code, o.tran_id,
+    base = Refreshed(claim.id, claim.org_code, now, o.kind._value_, o.rsp_code, o.tran_id,
                      result.calls, int(o.elapsed * 1000), result.dead_items)
     progress = result.progress if result.progress is not None else claim.progress
     if action is Action.DONE:

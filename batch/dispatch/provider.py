@@ -570,7 +570,7 @@ class ProviderDispatcher:
         if room is not None and s.in_flight <= self._room_at and not room.done():
             room.set_result(None)
         s.calls += result.calls
-        s.by_action[t.step.value] += 1
+        s.by_action[t.step._value_] += 1  # the member's value, not Enum's property
         s.by_kind[t.log.kind] += 1
         if t.log.rsp_code:
             s.by_code[t.log.rsp_code] += 1

@@ -40,6 +40,7 @@ PROBE = 2
 
 _NEUTRAL = frozenset({Kind.REJECTED, Kind.CONSENT, Kind.CLIENT, Kind.THROTTLED})
 _FAILURE = frozenset({Kind.FAULT, Kind.TIMEOUT})
+_FAULT = Kind.FAULT
 _RETRY_STATES = frozenset({State.CLOSED, State.DISABLED, State.METRICS_ONLY})
 
 
@@ -138,7 +139,9 @@ class CircuitBreaker:
                     code |= SLOW
                 w = self.window
                 w.add(code, now)
-                self._down_run = self._down_run + 1 if outcome.is_down else 0
+                # (is_down is a property: a call's frame saved on every success)
+                self._down_run = (self._down_run + 1 if kind is _FAULT and outcome.is_down
+                                  else 0)
                 if s is not State.CLOSED:
                     return
                 st = self.settings
