@@ -357,7 +357,7 @@ def set_where_held(conn: Connection, ids: Sequence[int], *, worker: str,
 #: the ``call_outcomes`` columns a refresh's row has, in the order its values come
 #: (``batch.db.work.outcome_values``)
 OUTCOME_COLS = ("run_id", "consent_id", "org_code", "day", "tran_id", "kind", "action",
-                 "rsp_code", "calls", "elapsed_ms", "at")
+                "rsp_code", "calls", "elapsed_ms", "at")
 
 
 def prepare_outcomes(dialect: Dialect, rows: Sequence[dict[str, Any]]) -> Prepared:
