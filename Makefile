@@ -30,7 +30,7 @@ bench: install
 	$(BIN)/python -m pytest -q -s tests/bench
 
 # Where the CPU goes on a saturated full-path run (cProfile, or PROFILER=py-spy sampled;
-# PROFILE_BACKEND=sqlite|postgresql)
+# PROFILE_BACKEND=sqlite|postgresql; PROFILE_BASELINE=a3 profiles (a3) instead, to set beside it)
 profile: install
 	PROFILER=$${PROFILER:-cprofile} PROFILE_BACKEND=$${PROFILE_BACKEND:-sqlite} $(BIN)/python -m tests.bench.profile_dispatch
 

@@ -7,7 +7,10 @@ in its own process (latency 0, one item per consent), exactly as in
 ``test_dispatch_throughput.py``; the client, the chain, the claims and the writes run here,
 under the profiler. ``PROFILE_PROVIDERS=300`` profiles the many-providers case instead
 (``test_many_providers.py``: that many providers, each planned at 2 refreshes/s for one
-minute, not saturated: where an unsaturated process's time goes). Prints the top
+minute, not saturated: where an unsaturated process's time goes). ``PROFILE_BASELINE=a3``
+profiles (a3) instead, the same simulator and HTTP layer with no chain and no database
+(``client_loop``, 50 workers, ``PROFILE_SECONDS`` long, 40 by default): the same places,
+set side by side with a ``run_day`` profile, show what the full path adds. Prints the top
 entries by own time and by cumulative time, and saves the
 raw profile to ``PROFILE_OUT`` (default: a temporary directory; the path is printed;
 browse it with ``python -m pstats``). What SQLite's driver thread spends on each statement:
@@ -46,6 +49,7 @@ from tests.bench.test_dispatch_throughput import (
     PROVIDERS,
     _institutions_toml,
     _prepare,
+    client_loop,
 )
 from tests.bench.test_many_providers import PORTS, REFRESHES_PER_SECOND
 from tests.bench.test_many_providers import _institutions_toml as many_toml
@@ -54,6 +58,8 @@ from tests.integration.helpers import free_ports
 from tests.sealing import CIPHER
 
 #: the simulator's scenario for these runs: answers at once, one item per consent
+#: (a3)'s workers, as the dispatch bench's best concurrency
+A3_CONCURRENCY = 50
 SCENARIO = "[defaults]\nlatency_median_ms = 0\nitems_min = 1\nitems_max = 1\n"
 
 
@@ -141,6 +147,9 @@ def main() -> None:
         asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
         url = f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
     spy = os.environ.get("PROFILER", "cprofile") == "py-spy"
+    if os.environ.get("PROFILE_BASELINE") == "a3":
+        _profile_a3(path, scen, tmp, spy, top)
+        return
     out = Path(os.environ.get("PROFILE_OUT", str(
         tmp / (f"py-spy-{backend}.txt" if spy else f"profile-{backend}.prof"))))
     try:
@@ -164,6 +173,31 @@ def main() -> None:
     print(by_package(stats))
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats(top)
+    sys.stdout.flush()
+
+
+def _profile_a3(path: Path, scen: Path, tmp: Path, spy: bool, top: int) -> None:
+    """(a3) under the profiler: ``client_loop`` at concurrency 50 against the simulator."""
+    seconds = float(os.environ.get("PROFILE_SECONDS", "40"))
+    out = Path(os.environ.get("PROFILE_OUT", str(
+        tmp / ("py-spy-a3.txt" if spy else "profile-a3.prof"))))
+    with SimulatorProcess(path, scenario_path=scen, window_override=["0000:2359"]):
+        insts = load_institutions(path)
+        asyncio.run(client_loop(insts, A3_CONCURRENCY, 3.0))  # connections made, warm
+        prof = None if spy else cProfile.Profile()
+        c0 = time.process_time()
+        with sampling(out) if prof is None else prof:
+            calls, _ = asyncio.run(client_loop(insts, A3_CONCURRENCY, seconds))
+        cpu = time.process_time() - c0
+    print(f"== {'py-spy' if spy else 'cProfile'} of (a3), {A3_CONCURRENCY} workers: {calls:,} "
+          f"calls in {seconds:g} s ({os.getloadavg()[0]:.2f} load) -> {out} ==")
+    if prof is None:
+        print(report(out, cpu=cpu, calls=calls, top=top))
+    else:
+        stats = pstats.Stats(prof)
+        stats.dump_stats(out)
+        print(by_package(stats))
+        stats.sort_stats("tottime").print_stats(top)
     sys.stdout.flush()
 
 
