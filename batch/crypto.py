@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import copy
 import hashlib
 import os
 import re
@@ -159,9 +160,7 @@ class TokenCipher:
 
     def bound(self) -> TokenCipher:
         """This cipher (the same keys), refusing ``v1`` tokens."""
-        other = object.__new__(TokenCipher)
-        for name in ("_by_id", "_prefix", "_primary", "_primary_id"):
-            setattr(other, name, getattr(self, name))
+        other = copy.copy(self)
         other.bound_only = True
         return other
 

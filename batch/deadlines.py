@@ -197,18 +197,6 @@ def timeout(seconds: float | None) -> Deadline:
 def deadline(seconds: float | None) -> Deadline:
     """:func:`timeout`'s block started now, without ``async with`` (:meth:`Deadline.enter`);
     its :meth:`Deadline.leave` must follow."""
-    loop, queue = _last
-    if (seconds is not None and queue is not None
-            and getattr(loop, "_thread_id", None) == get_ident()):
-        # the last loop asked about runs in this thread: enter()'s work, inline (a chain's
-        # every attempt takes one)
-        task = _running_task(loop)  # type: ignore[arg-type]
-        if task is not None:
-            d = Deadline(seconds, queue)
-            d.task = task
-            d._cancelling = task.cancelling()
-            queue.add(d, seconds)
-            return d
     return Deadline(seconds).enter()
 
 

@@ -519,7 +519,9 @@ RELEASED: dict[str, Any] = {"lease_owner": None, "lease_until": None, "started_a
 
 #: the columns each kind of transition sets (:func:`consent_change_values`), by shape
 _RELEASED_COLS = (*RELEASED, "updated_at")
+_RELEASED_VALUES = tuple(RELEASED.values())
 _FRESH_WEEK_COLS = ("attempts", "unknown_attempts", "counters_week", "pending_items")
+_FRESH_WEEK_VALUES = (0, 0, None, None)
 _DONE_COLS = (*_RELEASED_COLS, *_FRESH_WEEK_COLS, "due_week", "last_scheduled_at",
               "week_result", "last_error")
 _WEEK_OVER_COLS = (*_RELEASED_COLS, *_FRESH_WEEK_COLS, "due_week", "week_result",
@@ -539,23 +541,23 @@ def consent_change_values(t: Transition) -> tuple[tuple[str, ...], tuple[Any, ..
     at = t.at
     match t:
         case Done():
-            return _DONE_COLS, (None, None, None, at, 0, 0, None, None, t.next_week, at,
+            return _DONE_COLS, (*_RELEASED_VALUES, at, *_FRESH_WEEK_VALUES, t.next_week, at,
                                 _DONE_RESULT, None)
         case AlreadyTransferred():
-            return _WEEK_OVER_COLS, (None, None, None, at, 0, 0, None, None, t.next_week,
+            return _WEEK_OVER_COLS, (*_RELEASED_VALUES, at, *_FRESH_WEEK_VALUES, t.next_week,
                                      t.week_result.value, t.error)
         case DeadLetter():
-            return _WEEK_OVER_COLS, (None, None, None, at, 0, 0, None, None, t.next_week,
+            return _WEEK_OVER_COLS, (*_RELEASED_VALUES, at, *_FRESH_WEEK_VALUES, t.next_week,
                                      t.why.value, t.error)
         case DeadAsset():
-            return _DEAD_ASSET_COLS, (None, None, None, at, "dead", None, _DEAD_ASSET_RESULT,
+            return _DEAD_ASSET_COLS, (*_RELEASED_VALUES, at, "dead", None, _DEAD_ASSET_RESULT,
                                       t.error)
         case RetryLater() | Unknown():
-            return _RETRY_COLS, (None, None, None, at, t.attempts, t.unknown_attempts, t.week,
+            return _RETRY_COLS, (*_RELEASED_VALUES, at, t.attempts, t.unknown_attempts, t.week,
                                  t.not_before, t.week_result.value, t.error,
                                  _progress(t.progress))
         case NotAttempted():
-            return _NOT_ATTEMPTED_COLS, (None, None, None, at, _progress(t.progress))
+            return _NOT_ATTEMPTED_COLS, (*_RELEASED_VALUES, at, _progress(t.progress))
     raise TypeError(f"not a transition: {t!r}")
 
 
@@ -687,7 +689,7 @@ async def prepare_apply(dialect: Dialect, changes: Sequence[Change], *, run_id: 
         updates.append(bulk.prepare_update_columns(dialect, ids, key[1], _columns(rows),
                                                    worker=worker))
     await asyncio.sleep(0)
-    logged = bulk.prepare_outcomes_columns(dialect, _columns(outcomes) if outcomes else [])
+    logged = bulk.prepare_outcomes_columns(dialect, _columns(outcomes))
     await asyncio.sleep(0)  # the transaction's opening in a turn of its own
     return PreparedApply(batch, tuple(updates), logged)
 

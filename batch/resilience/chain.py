@@ -194,21 +194,15 @@ class ProviderChain:
                     # the timeout's block without ``async with`` (two coroutines an attempt)
                     d = clock.deadline(t)
                     try:
-                        o = await attempt(t)
-                    except _CancelledError:
-                        if not d.leave():
-                            raise
+                        try:
+                            o = await attempt(t)
+                        finally:
+                            ours = d.leave()  # True: its expiry cancelled this task
+                    except (_CancelledError, TimeoutError) as exc:
+                        if isinstance(exc, _CancelledError) and not ours:
+                            raise  # a cancellation from elsewhere
                         o = timed_out(f"no answer within {t:.3g} s",
                                       elapsed=clock.monotonic() - now)
-                    except TimeoutError:
-                        d.leave()
-                        o = timed_out(f"no answer within {t:.3g} s",
-                                      elapsed=clock.monotonic() - now)
-                    except BaseException:
-                        d.leave()
-                        raise
-                    else:
-                        d.leave()
                 finally:
                     bulkhead.release()
                 end = clock.monotonic()

@@ -164,15 +164,21 @@ def main() -> None:
     print(f"== {'py-spy' if spy else 'cProfile'} of {what} on {backend}: {calls:,} calls in "
           f"{seconds:.1f} s (offered {rate:g} calls/s; {os.getloadavg()[0]:.2f} load) "
           f"-> {out} ==")
+    _print_profile(prof, out, cpu=cpu, calls=calls, top=top)
+
+
+def _print_profile(prof: cProfile.Profile | None, out: Path, *, cpu: float, calls: int,
+                   top: int) -> None:
+    """py-spy's places (``prof`` None: its samples are in ``out``), or cProfile's top
+    entries by own and by cumulative time (its raw profile saved to ``out``)."""
     if prof is None:
         print(report(out, cpu=cpu, calls=calls, top=top))
-        sys.stdout.flush()
-        return
-    stats = pstats.Stats(prof)
-    stats.dump_stats(out)
-    print(by_package(stats))
-    stats.sort_stats("tottime").print_stats(top)
-    stats.sort_stats("cumulative").print_stats(top)
+    else:
+        stats = pstats.Stats(prof)
+        stats.dump_stats(out)
+        print(by_package(stats))
+        stats.sort_stats("tottime").print_stats(top)
+        stats.sort_stats("cumulative").print_stats(top)
     sys.stdout.flush()
 
 
@@ -191,14 +197,7 @@ def _profile_a3(path: Path, scen: Path, tmp: Path, spy: bool, top: int) -> None:
         cpu = time.process_time() - c0
     print(f"== {'py-spy' if spy else 'cProfile'} of (a3), {A3_CONCURRENCY} workers: {calls:,} "
           f"calls in {seconds:g} s ({os.getloadavg()[0]:.2f} load) -> {out} ==")
-    if prof is None:
-        print(report(out, cpu=cpu, calls=calls, top=top))
-    else:
-        stats = pstats.Stats(prof)
-        stats.dump_stats(out)
-        print(by_package(stats))
-        stats.sort_stats("tottime").print_stats(top)
-    sys.stdout.flush()
+    _print_profile(prof, out, cpu=cpu, calls=calls, top=top)
 
 
 if __name__ == "__main__":
