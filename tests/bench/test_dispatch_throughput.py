@@ -226,10 +226,12 @@ class _PassThrough:
 
 
 async def client_loop(insts: Institutions, concurrency: int, seconds: float, *,
-                      transport: httpx.AsyncBaseTransport | None = None) -> tuple[int, int]:
+                      transport: httpx.AsyncBaseTransport | None = None,
+                      work: Callable[[], object] | None = None) -> tuple[int, int]:
     """(a3): refreshes through ``MydataClient`` exactly as the product sends them (request
     building, transport call, response reading, classification), no chain, no DB
-    (``transport``: another one than the product's, e.g. an in-process one)."""
+    (``transport``: another one than the product's, e.g. an in-process one; ``work``: run
+    once a call made, between the refreshes: tests/bench/test_interleave_cost.py)."""
     calls = ok = 0
     deadline = time.monotonic() + seconds
     clock = SystemClock()
@@ -242,6 +244,9 @@ async def client_loop(insts: Institutions, concurrency: int, seconds: float, *,
             r = await client.refresh(access_token=f"a3-{n}", refresh_token=None)
             calls += r.calls
             ok += r.calls if r.outcome.ok else 0
+            if work is not None:
+                for _ in range(r.calls):
+                    work()
 
     async with make_http_client(max_connections=concurrency, transport=transport) as http:
         clients = [MydataClient(p, http=http, chain=_PassThrough(), tran_ids=tran_ids,
