@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from batch.observe.hist import ATTEMPT_BUCKETS, LATENCY_BUCKETS, Hist
 from batch.resilience.events import (
     CallFinished,
+    CallSink,
     Event,
     RateAdjusted,
     Rejected,
@@ -26,7 +28,7 @@ from batch.resilience.events import (
     RetrySkipped,
     StateChanged,
 )
-from batch.resilience.outcomes import Kind, Layer
+from batch.resilience.outcomes import Kind, Layer, Outcome
 
 KINDS = tuple(k.value for k in Kind)
 BREAKER_KINDS = ("successful", "failed", "ignored", "not_permitted")
@@ -96,6 +98,52 @@ class ProviderCalls:
     minute: MinuteCounts = field(default_factory=MinuteCounts)
 
 
+def _record_call(p: ProviderCalls, tran: str | None, o: Outcome, n: int,
+                 duration: float) -> None:
+    """One call's end at ``p``'s provider: ``o`` after ``n`` attempts in ``duration`` s."""
+    kind = o.kind
+    # a plain str key: an Enum member's __hash__ is a Python-level call (hot path)
+    key: str = kind._value_
+    m = p.minute
+    p.by_kind[key] += 1
+    m.by_kind[key] += 1
+    if kind is _REJECTED:
+        p.breaker_calls["not_permitted" if o.layer is _BREAKER else "ignored"] += 1
+        return  # never reached the provider: no attempt, no latency
+    retried = n > 1
+    if kind is _SUCCESS:
+        p.breaker_calls["successful"] += 1
+        p.retry_calls["successful_with_retry" if retried else "successful_without_retry"] += 1
+    else:
+        p.breaker_calls["failed" if kind is _FAULT or kind is _TIMEOUT else "ignored"] += 1
+        p.retry_calls["failed_with_retry" if retried else "failed_without_retry"] += 1
+        if kind is _TIMEOUT:
+            p.unknown += 1
+            if o.rsp_code is None:
+                p.timeouts += 1
+        elif kind is _THROTTLED:
+            code = o.rsp_code or str(o.http_status or "none")
+            p.by_throttle_code[code] = p.by_throttle_code.get(code, 0) + 1
+        if tran is not None:
+            p.last_failure[key] = (tran, float(n))
+    h = p.attempts  # ATTEMPT_BUCKETS are 1..5: attempt n falls in bucket n - 1
+    h.counts[n - 1 if n <= _ATTEMPT_TOP else _ATTEMPT_TOP] += 1
+    h.total += n
+    p.duration.observe(duration, tran)
+    p.attempt_duration.observe(o.elapsed, tran)
+    m.calls += 1
+    m.attempts += n
+    m.latencies.append(duration)
+    if retried:
+        m.retried += 1
+        if n >= p.max_attempts > 0:
+            p.used_every_attempt += 1
+            m.max_attempts += 1
+    elif p.max_attempts == 1:
+        p.used_every_attempt += 1
+        m.max_attempts += 1
+
+
 class ChainRecorder:
     """A :class:`~batch.resilience.events.Listener` for every provider's chain at once."""
 
@@ -126,59 +174,21 @@ class ChainRecorder:
         if p is None:
             p = self.provider(event.org_code)
         if type(event) is CallFinished:  # the one event of every call: no dispatch
-            self._call(p, event)
+            _record_call(p, event.tran_id, event.outcome, event.attempts, event.duration)
         else:
             self._on[type(event)](p, event)
+
+    def call_sink(self, org_code: str) -> CallSink:
+        """Every call's end at ``org_code``, as its fields, into that provider's counts: a
+        provider's chain calls it instead of building a CallFinished for this recorder
+        (:class:`~batch.resilience.events.Listener`)."""
+        return partial(_record_call, self.provider(org_code))
 
     # -- one handler per event type ---------------------------------------------------------
 
     def _call(self, p: ProviderCalls, event: Event) -> None:
         assert type(event) is CallFinished
-        o = event.outcome
-        kind = o.kind
-        # a plain str key: an Enum member's __hash__ is a Python-level call (hot path)
-        key: str = kind._value_
-        n = event.attempts
-        m = p.minute
-        p.by_kind[key] += 1
-        m.by_kind[key] += 1
-        if kind is _REJECTED:
-            p.breaker_calls["not_permitted" if o.layer is _BREAKER else "ignored"] += 1
-            return  # never reached the provider: no attempt, no latency
-        retried = n > 1
-        tran = event.tran_id
-        if kind is _SUCCESS:
-            p.breaker_calls["successful"] += 1
-            p.retry_calls["successful_with_retry" if retried
-                          else "successful_without_retry"] += 1
-        else:
-            p.breaker_calls["failed" if kind is _FAULT or kind is _TIMEOUT else "ignored"] += 1
-            p.retry_calls["failed_with_retry" if retried else "failed_without_retry"] += 1
-            if kind is _TIMEOUT:
-                p.unknown += 1
-                if o.rsp_code is None:
-                    p.timeouts += 1
-            elif kind is _THROTTLED:
-                code = o.rsp_code or str(o.http_status or "none")
-                p.by_throttle_code[code] = p.by_throttle_code.get(code, 0) + 1
-            if tran is not None:
-                p.last_failure[key] = (tran, float(n))
-        h = p.attempts  # ATTEMPT_BUCKETS are 1..5: attempt n falls in bucket n - 1
-        h.counts[n - 1 if n <= _ATTEMPT_TOP else _ATTEMPT_TOP] += 1
-        h.total += n
-        p.duration.observe(event.duration, tran)
-        p.attempt_duration.observe(o.elapsed, tran)
-        m.calls += 1
-        m.attempts += n
-        m.latencies.append(event.duration)
-        if retried:
-            m.retried += 1
-            if n >= p.max_attempts > 0:
-                p.used_every_attempt += 1
-                m.max_attempts += 1
-        elif p.max_attempts == 1:
-            p.used_every_attempt += 1
-            m.max_attempts += 1
+        _record_call(p, event.tran_id, event.outcome, event.attempts, event.duration)
 
     def _state(self, p: ProviderCalls, event: Event) -> None:
         assert isinstance(event, StateChanged)

@@ -19,7 +19,6 @@ from batch.clock import Clock
 from batch.resilience.breaker import CALL, CircuitBreaker
 from batch.resilience.bulkhead import Bulkhead
 from batch.resilience.events import (
-    CallFinished,
     Emitter,
     Listener,
     Rejected,
@@ -58,7 +57,7 @@ class ProviderChain:
         self.org_code = org_code
         self.settings = settings
         self._clock = clock
-        self._emit = Emitter(listeners)
+        self._emit = Emitter(listeners, org_code=org_code)
         self._breaker = CircuitBreaker(settings.breaker, clock=clock, org_code=org_code,
                                        emit=self._emit)
         self._limiter = RateLimiter(settings.limiter, org_code=org_code, emit=self._emit)
@@ -118,7 +117,8 @@ class ProviderChain:
 
         ``attempt(timeout_s)`` performs one HTTP attempt and returns its classified outcome.
         ``deadline`` is an absolute ``clock.monotonic()`` time for all attempts together.
-        Listeners get exactly one CallFinished per call, plus a Rejected when one of our
+        Listeners get exactly one CallFinished per call (or its fields, through their call
+        sink: :class:`~batch.resilience.events.Listener`), plus a Rejected when one of our
         layers refused it (or refused a retry).
         """
         clock = self._clock
@@ -131,9 +131,8 @@ class ProviderChain:
         if not permit:
             if self._emit.active:
                 self._emit(Rejected(self.org_code, Layer.BREAKER, "circuit open"))
-            if self._emit.calls:
-                self._emit.finished(CallFinished(self.org_code, None, self._rej_breaker, 0,
-                                                 0.0))
+            if self._emit.ends:
+                self._emit.ended(self.org_code, None, self._rej_breaker, 0, 0.0)
             return self._rej_breaker
         self._budget.note_call(now)
         limiter = self._limiter
@@ -237,17 +236,22 @@ class ProviderChain:
                                     refused.detail, out.tran_id if out else None))
             if out is None:
                 breaker.record(refused, 0.0, now, permit)  # neutral: frees a probe permit
-                if self._emit.calls:
-                    self._emit.finished(CallFinished(self.org_code, None, refused, 0,
-                                                     now - started))
+                if self._emit.ends:
+                    self._emit.ended(self.org_code, None, refused, 0, now - started)
                 return refused
         assert out is not None
         if out.attempts != attempts:
             out = out.with_(attempts=attempts)
         breaker.record(out, slowest, now, permit, out.tran_id)
-        if self._emit.calls:
-            self._emit.finished(CallFinished(self.org_code, out.tran_id, out, attempts,
-                                             now - started, slowest))
+        emit = self._emit
+        sink = emit.sink
+        if sink is not None:  # the recorder alone: called here, no event, no frame between
+            try:
+                sink(out.tran_id, out, attempts, now - started)
+            except Exception:
+                emit.sink_failed(sink)
+        elif emit.ends:
+            emit.ended(self.org_code, out.tran_id, out, attempts, now - started, slowest)
         return out
 
     async def _retry_wait(self, out: Outcome, attempts: int, permit: int, now: float,
