@@ -32,7 +32,7 @@ from batch.cluster.circuit import CircuitState, ProbePacer, ViewMode
 from batch.cluster.circuit_view import CircuitView
 from batch.resilience.breaker import State
 from batch.resilience.chain import ProviderChain
-from batch.resilience.events import CallFinished, Emitter, Listener, Rejected
+from batch.resilience.events import Emitter, Listener, Rejected
 from batch.resilience.outcomes import Layer, Outcome, rejected
 
 log = logging.getLogger("mydata.cluster")
@@ -62,7 +62,8 @@ class ClusterGate:
         self.probes = probe_chain(chain, clock=clock, listeners=listeners)
         self._view = view
         self._clock = clock
-        self._emit = Emitter(listeners)  # as the chain tells its own refusals
+        # as the chain tells its own refusals (a recorder's sink bound to the provider)
+        self._emit = Emitter(listeners, org_code=self.org_code)
         self._pacer = ProbePacer(view.settings.probe_interval)
         #: at most one reservation asked of Redis per probe interval from this worker: the
         #: calls of refreshes already under way when the provider opened are refused here,
@@ -92,8 +93,8 @@ class ClusterGate:
         self.refused += 1
         if self._emit.active:
             self._emit(Rejected(self.org_code, Layer.BREAKER, out.detail))
-        if self._emit.calls:
-            self._emit.finished(CallFinished(self.org_code, None, out, 0, 0.0))
+        if self._emit.ends:
+            self._emit.ended(self.org_code, None, out, 0, 0.0)
         return out
 
     def breaker_open(self) -> bool:

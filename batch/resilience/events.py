@@ -118,7 +118,7 @@ class Listener(Protocol):
     cost 3.5 us of our 22 a call in ``test_dispatch_in_process.py`` (2026-12-06, runs with
     and without it); through its sink, ``test_chain_overhead.py``'s metrics cost went from
     1.8-2.0 to 1.0-1.2 us a call (three rounds alternated with the event). An emitter made
-    without the provider (a cluster probe's) calls it with events as before."""
+    without the provider calls it with events as before."""
 
     def __call__(self, event: Event, /) -> None: ...
 

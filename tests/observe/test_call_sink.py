@@ -79,7 +79,7 @@ async def test_the_sink_counts_what_the_events_counted() -> None:
 
 async def test_an_emitter_without_the_provider_calls_the_recorder_with_events() -> None:
     rec = ChainRecorder()
-    emit = Emitter([rec])  # a cluster probe's: no org_code
+    emit = Emitter([rec])  # made without the provider
     assert emit.sinks == () and emit.sink is None and emit.calls and emit.ends
     emit.ended(ORG, "T1", Outcome(Kind.SUCCESS, "00000", 200, elapsed=0.01), 1, 0.02)
     assert rec.providers[ORG].by_kind["success"] == 1
