@@ -173,10 +173,8 @@ class ChainRecorder:
         p = self.providers.get(event.org_code)
         if p is None:
             p = self.provider(event.org_code)
-        if type(event) is CallFinished:  # the one event of every call: no dispatch
-            _record_call(p, event.tran_id, event.outcome, event.attempts, event.duration)
-        else:
-            self._on[type(event)](p, event)
+        # a chain made for its provider hands every call's end to call_sink, not here
+        self._on[type(event)](p, event)
 
     def call_sink(self, org_code: str) -> CallSink:
         """Every call's end at ``org_code``, as its fields, into that provider's counts: a
