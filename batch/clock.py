@@ -86,8 +86,8 @@ class SystemClock:
     def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[object]:
         return timeout(seconds)
 
-    def deadline(self, seconds: float | None) -> Entered:
-        return deadline(seconds)
+    #: batch.deadlines.deadline itself, as ``monotonic``: one frame less an attempt
+    deadline = staticmethod(deadline)
 
 
 class FakeClock:
@@ -263,7 +263,7 @@ class ScaledClock:
     separate processes). Never used in production.
     """
 
-    __slots__ = ("_anchor", "_speed", "_start", "_start_ts", "monotonic", "tz")
+    __slots__ = ("_anchor", "_speed", "_start", "_start_ts", "deadline", "monotonic", "tz")
 
     def __init__(self, speed: float, *, start: datetime, anchor: float | None = None) -> None:
         if speed <= 0:
@@ -279,6 +279,8 @@ class ScaledClock:
         #: system's own, with no frame of ours around it
         self.monotonic: Callable[[], float] = (time.monotonic if speed == 1.0
                                               else self._scaled_monotonic)
+        self.deadline: Callable[[float | None], Entered] = (deadline if speed == 1.0
+                                                            else self._scaled_deadline)
 
     @property
     def speed(self) -> float:
@@ -308,7 +310,7 @@ class ScaledClock:
     def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[object]:
         return timeout(None if seconds is None else seconds / self._speed)
 
-    def deadline(self, seconds: float | None) -> Entered:
+    def _scaled_deadline(self, seconds: float | None) -> Entered:
         return deadline(None if seconds is None else seconds / self._speed)
 
 

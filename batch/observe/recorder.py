@@ -13,6 +13,7 @@ succeeded and whether it was retried.
 
 from __future__ import annotations
 
+from bisect import bisect_left as _bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -129,8 +130,20 @@ def _record_call(p: ProviderCalls, tran: str | None, o: Outcome, n: int,
     h = p.attempts  # ATTEMPT_BUCKETS are 1..5: attempt n falls in bucket n - 1
     h.counts[n - 1 if n <= _ATTEMPT_TOP else _ATTEMPT_TOP] += 1
     h.total += n
-    p.duration.observe(duration, tran)
-    p.attempt_duration.observe(o.elapsed, tran)
+    # Hist.observe twice, inline (two frames of the chain's 11,400 instructions a call for
+    # the recorder, cachegrind): the bucket, its count, the sum, the bucket's exemplar
+    h = p.duration
+    i = _bisect(h.bounds, duration)
+    h.counts[i] += 1
+    h.total += duration
+    elapsed = o.elapsed
+    a = p.attempt_duration
+    j = _bisect(a.bounds, elapsed)
+    a.counts[j] += 1
+    a.total += elapsed
+    if tran is not None:
+        h.exemplars[i] = (tran, duration)
+        a.exemplars[j] = (tran, elapsed)
     m.calls += 1
     m.attempts += n
     m.latencies.append(duration)

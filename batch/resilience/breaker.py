@@ -41,6 +41,8 @@ PROBE = 2
 _NEUTRAL = frozenset({Kind.REJECTED, Kind.CONSENT, Kind.CLIENT, Kind.THROTTLED})
 _FAILURE = frozenset({Kind.FAULT, Kind.TIMEOUT})
 _FAULT = Kind.FAULT
+_SUCCESS = Kind.SUCCESS
+_CLOSED = State.CLOSED
 _RETRY_STATES = frozenset({State.CLOSED, State.DISABLED, State.METRICS_ONLY})
 
 
@@ -50,7 +52,8 @@ class CircuitBreaker:
     __slots__ = (
         "_clock", "_down_run", "_emit", "_epoch", "_half_open_since", "_min_calls",
         "_open_until",
-        "_probe_fail", "_probe_slow", "_probes_done", "_probes_out", "_state", "_trips",
+        "_probe_fail", "_probe_slow", "_probes_done", "_probes_out", "_slow_s", "_state",
+        "_trips",
         "org_code", "settings", "window",
     )
 
@@ -67,6 +70,7 @@ class CircuitBreaker:
         else:
             self.window = TimeWindow(settings.window_size)
             self._min_calls = settings.minimum_calls
+        self._slow_s = settings.slow_call_duration
         self._state = State.CLOSED
         self._down_run = 0  # "provider down" outcomes in a row since the window was cleared
         self._trips = 0
@@ -131,6 +135,15 @@ class CircuitBreaker:
         kind = outcome.kind
         s = self._state
         if permit == CALL:
+            if kind is _SUCCESS and s is _CLOSED and duration < self._slow_s:
+                w = self.window
+                if not w.failures and not w.slow:
+                    # A healthy provider's every call: a quick success into a window of
+                    # quick successes leaves both rates at 0, below any threshold (which
+                    # is > 0), and the down run at 0: nothing to decide.
+                    self._down_run = 0
+                    w.add(0, now)
+                    return
             if kind in _NEUTRAL:
                 return
             if s is State.CLOSED or s is State.METRICS_ONLY:

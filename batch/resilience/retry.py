@@ -37,16 +37,15 @@ class Backoff:
 class RetryBudget:
     """Retries <= ``ratio`` x calls + ``floor`` over the last ``window`` seconds."""
 
-    __slots__ = ("_counts", "floor", "ratio")
+    __slots__ = ("_counts", "floor", "note_call", "ratio")
 
     def __init__(self, settings: RetrySettings) -> None:
         self.ratio = settings.budget_ratio
         self.floor = settings.budget_floor
         self._counts = Counter2(settings.budget_window)  # a = calls, b = retries
-
-    def note_call(self, now: float) -> None:
-        """A logical call started."""
-        self._counts.add_a(now)
+        #: ``note_call(now)``: a logical call started (the window's own method: every call
+        #: counts one, a frame less)
+        self.note_call: Callable[[float], None] = self._counts.add_a
 
     def try_spend(self, now: float) -> bool:
         """Take one retry from the budget if there is one left."""

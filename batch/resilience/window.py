@@ -83,7 +83,8 @@ class TimeWindow:
         self._head = sec
 
     def add(self, code: int, now: float) -> None:
-        self.expire(now)
+        if int(now) > self._head:  # a new second (expire's own test: a frame saved a call)
+            self.expire(now)
         j = self._head % self.size
         self._btotal[j] += 1
         self.total += 1

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from batch.deadlines import Deadlines, deadlines, timeout
+from batch.deadlines import Deadlines, deadline, deadlines, timeout
 
 
 class _Timer:
@@ -254,3 +254,61 @@ async def test_a_block_entered_and_left_by_hand_reports_its_own_expiry() -> None
     loop.advance(10.0)
     await asyncio.sleep(0)  # a stray cancel would land here
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+async def test_deadline_joins_the_running_loops_queue_and_expires_its_own_task() -> None:
+    """``deadline()``, the chain's form on the real loop (its short way: no Deadline.enter,
+    no Deadlines.add): the entry waits in the running loop's queue, with its task and a
+    deadline on the loop's clock, its expiry cancels that task and leave() owns it."""
+    queue: Any = deadlines()
+    loop = asyncio.get_running_loop()
+
+    async def body(seconds: float) -> str:
+        before = loop.time()
+        d = deadline(seconds)
+        assert d.task is asyncio.current_task()
+        assert before + seconds <= d.when <= loop.time() + seconds
+        assert queue.pending >= 1
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            if not d.leave():
+                raise
+            return "timed out"
+        finally:
+            assert d.leave() is False
+        return "finished"
+
+    task = asyncio.create_task(body(0.02))
+    assert await asyncio.wait_for(task, 2) == "timed out"
+    assert task.cancelling() == 0
+    assert queue.pending == 0
+
+    quick = deadline(5.0)
+    await asyncio.sleep(0)
+    assert quick.leave() is False and queue.pending == 0  # left in time: nothing held
+
+    elsewhere = asyncio.create_task(body(30.0))
+    await _settle()
+    elsewhere.cancel()  # not this timeout's cancellation: it propagates
+    with pytest.raises(asyncio.CancelledError):
+        await elsewhere
+
+
+def test_deadline_in_a_new_loop_takes_that_loops_queue() -> None:
+    # the last loop asked about has stopped: a deadline in the next one goes the long way
+    # once and joins its own loop's queue, then the short way from there
+    async def one() -> tuple[Any, Any, Any]:
+        a = deadline(5.0)
+        b = deadline(5.0)
+        q = deadlines()
+        pending = q.pending
+        a.leave()
+        b.leave()
+        return a, q, pending
+
+    first = asyncio.run(one())
+    second = asyncio.run(one())
+    assert first[1] is not second[1]
+    assert first[2] == second[2] == 2
+    assert second[0]._queue is second[1]
