@@ -47,6 +47,9 @@ API_TYPE = "scheduled"
 MAX_PAGES = 1000
 _URL_CACHE = 256  # URLs a client keeps parsed
 _WINDOW_CLOSED = rejected(Layer.WINDOW, "provider window closed")
+#: a refresh's outcome before any call (a consent resumed with nothing left to call)
+_NOTHING_YET = Outcome(Kind.SUCCESS, "00000", 200, attempts=0)
+_CONSENT = Kind.CONSENT  # a module name: ``Kind.CONSENT`` is a 100 ns lookup, every call
 _API_TYPE = API_TYPE.encode("ascii")
 _JSON_TYPE = (b"Content-Type", b"application/json")
 
@@ -403,7 +406,7 @@ class MydataClient:
                                  body=body)
 
         out = await self._chain.call(attempt, deadline=deadline)
-        if out.kind is Kind.CONSENT and out.rsp_code in TOKEN_CODES and not tokens.refreshed:
+        if out.kind is _CONSENT and out.rsp_code in TOKEN_CODES and not tokens.refreshed:
             tokens.refreshed = True
             refreshed = await self._refresh_token(tokens, deadline=deadline)
             calls += refreshed[1]
@@ -488,7 +491,7 @@ class MydataClient:
         r = self.routes
         items = list(progress.items) if progress is not None else []
         next_page = progress.next_page if progress is not None else None
-        last = Outcome(Kind.SUCCESS, "00000", 200, attempts=0)
+        last = _NOTHING_YET
         if progress is None or next_page is not None:
             for _ in range(MAX_PAGES):
                 params: dict[str, Any] = {"org_code": self.provider.org_code,
@@ -535,7 +538,7 @@ class MydataClient:
                     on_token=on_token,
                 )
             calls += n
-            if out.kind is Kind.CONSENT and out.rsp_code in DEAD_ASSET_CODES:
+            if out.kind is _CONSENT and out.rsp_code in DEAD_ASSET_CODES:
                 dead.append(item_id)  # this asset is gone; the consent's other assets count
                 continue
             if not out.ok:

@@ -246,6 +246,9 @@ def error_line(o: Outcome) -> str:
     return " ".join(parts)[:500]
 
 
+_DONE = Action.DONE
+
+
 def decide(claim: Claim, result: RefreshResult, *, week: date, now: datetime,
            policy: RetryPolicy) -> Transition:
     """The consent's transition after ``result`` (the module docstring's table)."""
@@ -254,7 +257,7 @@ def decide(claim: Claim, result: RefreshResult, *, week: date, now: datetime,
     base = Refreshed(claim.id, claim.org_code, now, o.kind._value_, o.rsp_code, o.tran_id,
                      result.calls, int(o.elapsed * 1000), result.dead_items)
     progress = result.progress if result.progress is not None else claim.progress
-    if action is Action.DONE:
+    if action is _DONE:  # nearly every refresh (``Action.DONE`` is a 100 ns lookup)
         return Done(base, next_week=week + WEEK)
     if action is Action.DONE_FOR_WEEK:
         name = (WeekResult.TRANSFERRED_NOT_RECEIVED if claim.unknown_attempts > 0

@@ -561,9 +561,10 @@ class ProviderDispatcher:
     def _finish(self, claim: work.Claim, result: RefreshResult) -> None:
         t = decide(claim, result, week=self._week, now=self._clock.now(), policy=self._policy)
         self._writer.add(t)  # still held (and its lease renewed) until written
-        tokens = unsaved_tokens(claim, result)
-        if tokens is not None:
-            self._writer.add(tokens)
+        if result.new_access_token is not None:  # (unsaved_tokens' test: a frame saved)
+            tokens = unsaved_tokens(claim, result)
+            if tokens is not None:
+                self._writer.add(tokens)
         s = self.stats
         s.in_flight -= 1
         room = self._room

@@ -42,7 +42,10 @@ _NEUTRAL = frozenset({Kind.REJECTED, Kind.CONSENT, Kind.CLIENT, Kind.THROTTLED})
 _FAILURE = frozenset({Kind.FAULT, Kind.TIMEOUT})
 _FAULT = Kind.FAULT
 _SUCCESS = Kind.SUCCESS
+#: members as module names on the per-call paths (``State.CLOSED`` is a 100 ns lookup)
 _CLOSED = State.CLOSED
+_DISABLED = State.DISABLED
+_METRICS_ONLY = State.METRICS_ONLY
 _RETRY_STATES = frozenset({State.CLOSED, State.DISABLED, State.METRICS_ONLY})
 
 
@@ -117,7 +120,7 @@ class CircuitBreaker:
     def try_acquire(self, now: float) -> int:
         """REFUSED, CALL, or a half-open probe permit (>= PROBE)."""
         s = self._state
-        if s is State.CLOSED or s is State.DISABLED or s is State.METRICS_ONLY:
+        if s is _CLOSED or s is _DISABLED or s is _METRICS_ONLY:
             return CALL
         if s is State.FORCED_OPEN:
             return REFUSED
@@ -142,7 +145,7 @@ class CircuitBreaker:
                     # quick successes leaves both rates at 0, below any threshold (which
                     # is > 0), and the down run at 0: nothing to decide.
                     self._down_run = 0
-                    w.add(0, now)
+                    w.add_ok(now)
                     return
             if kind in _NEUTRAL:
                 return

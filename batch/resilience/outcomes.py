@@ -58,6 +58,11 @@ class Action(StrEnum):
     FAIL = "fail"                      # our bug: fail the target, alert
 
 
+#: the hot paths' members as plain module names: an Enum member looked up on its class
+#: (``Kind.SUCCESS``) costs about 100 ns in Python 3.11, a module global a tenth of that
+_SUCCESS = Kind.SUCCESS
+_DONE = Action.DONE
+
 # Response codes (MYDATA.md) by class.
 SUCCESS_CODES = frozenset({"00000"})
 RETRYABLE_CODES = frozenset({"50001", "50002", "50004", "50005"})
@@ -89,7 +94,7 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return self.kind is Kind.SUCCESS
+        return self.kind is _SUCCESS
 
     @property
     def is_failure(self) -> bool:
@@ -112,8 +117,8 @@ class Outcome:
     @property
     def action(self) -> Action:
         k = self.kind
-        if k is Kind.SUCCESS:
-            return Action.DONE
+        if k is _SUCCESS:  # a module constant: ``Kind.SUCCESS`` costs 100 ns a lookup
+            return _DONE
         if k is Kind.REJECTED:
             return Action.NOT_ATTEMPTED
         if k is Kind.TIMEOUT:
@@ -142,7 +147,7 @@ def classify(http_status: int, rsp_code: str | None, *, retry_after: float | Non
     (``tran_id``: the call's, carried on the outcome)."""
     code = rsp_code
     if code in SUCCESS_CODES and http_status == 200:
-        return Outcome(Kind.SUCCESS, code, http_status, payload=payload, elapsed=elapsed,
+        return Outcome(_SUCCESS, code, http_status, payload=payload, elapsed=elapsed,
                        tran_id=tran_id)
     if code in RETRYABLE_CODES:
         return Outcome(Kind.FAULT, code, http_status, retryable=True, elapsed=elapsed,

@@ -38,6 +38,10 @@ class CountWindow:
         i += 1
         self._i = 0 if i == self.size else i
 
+    def add_ok(self, now: float) -> None:
+        """``add(0, now)``: a quick success, nothing to count but the call."""
+        self.add(0, now)
+
     def expire(self, now: float) -> None:
         """Nothing ages out of a count window."""
 
@@ -94,6 +98,14 @@ class TimeWindow:
         self.failures += f
         self._bslow[j] += s
         self.slow += s
+
+    def add_ok(self, now: float) -> None:
+        """``add(0, now)``: a quick success (a healthy provider's every call) moves only
+        the totals."""
+        if int(now) > self._head:
+            self.expire(now)
+        self._btotal[self._head % self.size] += 1
+        self.total += 1
 
     def clear(self) -> None:
         size = self.size
