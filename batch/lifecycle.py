@@ -256,9 +256,9 @@ def decide(claim: Claim, result: RefreshResult, *, week: date, now: datetime,
     action = o.action
     base = Refreshed(claim.id, claim.org_code, now, o.kind._value_, o.rsp_code, o.tran_id,
                      result.calls, int(o.elapsed * 1000), result.dead_items)
-    progress = result.progress if result.progress is not None else claim.progress
     if action is _DONE:  # nearly every refresh (``Action.DONE`` is a 100 ns lookup)
         return Done(base, next_week=week + WEEK)
+    progress = result.progress if result.progress is not None else claim.progress
     if action is Action.DONE_FOR_WEEK:
         name = (WeekResult.TRANSFERRED_NOT_RECEIVED if claim.unknown_attempts > 0
                 else WeekResult.ALREADY_TRANSFERRED)

@@ -538,7 +538,7 @@ def consent_change_values(t: Transition) -> tuple[tuple[str, ...], tuple[Any, ..
     """The consent columns ``t`` sets and their values, to absolute values (so every store
     agrees): a tuple each, no dict (a flush makes one per refresh; :func:`prepare_apply`
     sends them as columns)."""
-    at = t.at
+    at = t.log.at
     match t:
         case Done():
             return _DONE_COLS, (*_RELEASED_VALUES, at, *_FRESH_WEEK_VALUES, t.next_week, at,
@@ -622,10 +622,10 @@ class Batch:
 
     def held(self, leased: set[int]) -> list[Transition]:
         """The transitions whose consent is still leased by us (the only ones applied)."""
-        return [t for t in self.transitions if t.consent_id in leased]
+        return [t for t in self.transitions if t.log.consent_id in leased]
 
     def ids(self) -> list[int]:
-        return sorted({t.consent_id for t in self.transitions})
+        return sorted({t.log.consent_id for t in self.transitions})
 
 
 def by_kind(ts: Iterable[Transition]) -> dict[type, list[Transition]]:
@@ -677,7 +677,7 @@ async def prepare_apply(dialect: Dialect, changes: Sequence[Change], *, run_id: 
             await asyncio.sleep(0)
         cols, values = consent_change_values(t)
         ids, rows = shapes.setdefault((type(t).__name__, cols), ([], []))
-        ids.append(t.consent_id)
+        ids.append(t.log.consent_id)  # (the log's own: the property is a frame a row)
         rows.append(values)
         outcomes.append(outcome_values(t, run_id=run_id, day=day))
     # The statements too, a turn of the loop each: inside the transaction its turns only

@@ -233,6 +233,7 @@ class ProviderDispatcher:
                         got += await self._claim(cursor, want - len(got))
                     if len(got) < want:
                         idle_until = now_m + self._settings.idle_recheck
+                    now = self._clock.now()  # the chunk's time (one, not one a claim)
                     for c in got:
                         cursor = c.cursor
                         if c.id in self._held:
@@ -241,7 +242,7 @@ class ProviderDispatcher:
                             # back below once its outcome is known to be written.
                             self._retaken.add(c.id)
                             continue
-                        given_up = admit(c, week=self._week, now=self._clock.now())
+                        given_up = admit(c, week=self._week, now=now)
                         if given_up is not None:
                             self._writer.add(given_up)
                             self.stats.dead_lettered += 1

@@ -96,9 +96,10 @@ class OutcomeWriter:
                 for r in batch:
                     if isinstance(r, TokenRefreshed):
                         continue
-                    watcher = self._watchers.get(r.org_code)
+                    g = r.log  # its ids as fields (the transition's are properties)
+                    watcher = self._watchers.get(g.org_code)
                     if watcher is not None:
-                        watcher(r.consent_id)
+                        watcher(g.consent_id)
         return True
 
     async def run(self) -> None:
