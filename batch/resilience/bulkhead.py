@@ -60,7 +60,7 @@ class Bulkhead:
     def release(self) -> None:
         """Give a permit back, to the first live waiter if any (none while more are in use
         than a lowered limit allows)."""
-        if self.in_use <= self.limit and self._wake_first():
+        if self._waiters and self.in_use <= self.limit and self._wake_first():
             return  # the permit went straight to that waiter
         self.in_use -= 1
 
