@@ -21,11 +21,13 @@ import asyncio
 import time
 from asyncio import tasks as _tasks
 from collections import deque
+from collections.abc import Callable
 from threading import get_ident
 from types import TracebackType
 from weakref import WeakKeyDictionary
 
 _current_task = asyncio.current_task
+_base_time = asyncio.BaseEventLoop.time
 #: the task each running loop is running (what ``asyncio.current_task`` reads)
 _running: dict[asyncio.AbstractEventLoop, asyncio.Task[object]] = (
     _tasks._current_tasks)  # type: ignore[attr-defined]  # asyncio's own, not typeshed's
@@ -113,12 +115,14 @@ class Deadline:
 class Deadlines:
     """The timeouts of one event loop: a FIFO per duration, one timer at the earliest."""
 
-    __slots__ = ("_armed", "_handle", "_loop", "_queues", "_time")
+    __slots__ = ("_armed", "_handle", "_loop", "_now", "_queues")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        #: the loop's ``time`` as its class has it (asyncio's own: time.monotonic())
-        self._time = getattr(type(loop), "time", None)
+        #: the loop's clock: asyncio's own loops keep time.monotonic(), read here without
+        #: their ``time()`` method around it (a frame every timeout)
+        self._now: Callable[[], float] = (
+            time.monotonic if getattr(type(loop), "time", None) is _base_time else loop.time)
         self._queues: dict[float, deque[Deadline]] = {}
         self._handle: asyncio.TimerHandle | None = None
         self._armed = float("inf")
@@ -128,7 +132,7 @@ class Deadlines:
         return Deadline(seconds, self)
 
     def add(self, d: Deadline, seconds: float) -> None:
-        d.when = self._loop.time() + seconds
+        d.when = self._now() + seconds
         # Blocks of one duration start in deadline order (to the millisecond: a later one
         # behind an earlier one fires when that does, at most a millisecond late).
         q = self._queues.get(seconds)  # a key is its own rounding: round() costs 180 ns
@@ -198,8 +202,6 @@ def timeout(seconds: float | None) -> Deadline:
 
 
 _new = object.__new__
-_base_time = asyncio.BaseEventLoop.time
-_monotonic = time.monotonic
 
 
 def deadline(seconds: float | None) -> Deadline:
@@ -207,17 +209,17 @@ def deadline(seconds: float | None) -> Deadline:
     its :meth:`Deadline.leave` must follow.
 
     Every HTTP attempt takes one, so the usual case (the running loop's queue is the last
-    one asked about, its loop keeps asyncio's time) is :meth:`Deadline.__init__`,
-    :meth:`~Deadline.enter` and :meth:`Deadlines.add` in this one frame (with the clocks'
-    ``deadline`` this function itself): the timeout took 8,800 of the chain's 31,800
-    instructions a call over an attempt that yields once, as six frames, now about 6,600
-    (cachegrind, the timeout replaced by a no-op to measure it). Anything else goes the
-    long way."""
+    one asked about) is :meth:`Deadline.__init__` and :meth:`~Deadline.enter` in this one
+    frame (with the clocks' ``deadline`` this function itself), then
+    :meth:`Deadlines.add`, which reads the loop's clock without its method: the timeout
+    took 8,800 of the chain's 31,800 instructions a call over an attempt that yields once,
+    as six frames, now about 7,000 in two (cachegrind, the timeout replaced by a no-op to
+    measure it). Anything else goes the long way."""
     queue = _last[1]
     if seconds is None or queue is None:
         return Deadline(seconds).enter()
     loop = queue._loop
-    if getattr(loop, "_thread_id", None) != get_ident() or queue._time is not _base_time:
+    if getattr(loop, "_thread_id", None) != get_ident():
         return Deadline(seconds).enter()
     task = _running_task(loop)
     if task is None:
@@ -228,18 +230,7 @@ def deadline(seconds: float | None) -> Deadline:
     d.task = task
     d._expired = False
     d._cancelling = task.cancelling()
-    d.when = when = _monotonic() + seconds  # BaseEventLoop.time() is time.monotonic()
-    queues = queue._queues
-    q = queues.get(seconds)
-    if q is None:
-        key = round(seconds, 3)
-        q = queues.get(key)
-        if q is None:
-            q = queues[key] = deque()
-    q.append(d)
-    d._fifo = q
-    if when < queue._armed:
-        queue._arm(when)
+    queue.add(d, seconds)
     return d
 
 
