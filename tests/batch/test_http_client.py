@@ -136,3 +136,93 @@ async def test_a_connection_whose_answer_was_cut_short_is_closed_never_reused(
     finally:
         await http.aclose()
     assert server.requests == 2  # connections: the cut one was closed, a new one opened
+
+
+async def _plain_answer(n: int) -> bytes:
+    """An answer with nothing to decode: the transport sets httpx's read state itself."""
+    body = '{"rsp_code":"00000","a":"é"}'.encode()
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
+            b"X-Twice: a\r\nX-Twice: b\r\nContent-Length: " + str(len(body)).encode()
+            + b"\r\n\r\n" + body)
+
+
+async def _chunked_answer(n: int) -> bytes:
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+            b"b\r\n{\"rsp_code\"\r\na\r\n:\"00000\"}\r\n0\r\n\r\n")
+
+
+async def _empty_answer(n: int) -> bytes:
+    return b"HTTP/1.1 204 No Content\r\nX-Empty: 1\r\n\r\n"
+
+
+def _as_httpx_has_it(resp: httpx.Response) -> tuple[object, ...]:
+    """Everything a caller can read of an answer, as httpx's own ``read()`` leaves it."""
+    with pytest.raises(httpx.StreamConsumed):
+        list(resp.iter_raw())
+    return (resp.status_code, resp.reason_phrase, resp.headers.raw, resp.http_version,
+            resp.content, resp.text, resp.encoding, list(resp.iter_bytes()),
+            list(resp.iter_text()), resp.num_bytes_downloaded, resp.is_closed,
+            resp.is_stream_consumed, resp.read())
+
+
+@pytest.mark.parametrize("answer", [_plain_answer, _chunked_answer, _empty_answer])
+async def test_an_answer_with_nothing_to_decode_reads_as_httpx_reads_it(
+        serve: Callable[[Handler], Awaitable[Server]],
+        answer: Callable[[int], Awaitable[bytes]]) -> None:
+    from httpx_aiohttp import AiohttpTransport
+
+    server = await serve(_answering(answer, []))
+    url = f"{server.url}/v1/bank/accounts"
+    theirs = httpx.AsyncClient(transport=AiohttpTransport())
+    ours = make_http_client()
+    try:
+        want = await theirs.get(url)
+        await want.aread()
+        # the product's path: the transport itself (MydataClient), and through the client
+        direct = await ours._transport.handle_async_request(httpx.Request("GET", url))
+        through = await ours.get(url)
+        got = [_as_httpx_has_it(r) for r in (want, direct, through)]
+    finally:
+        await theirs.aclose()
+        await ours.aclose()
+    assert got[1] == got[0] and got[2] == got[0]
+    if answer is not _empty_answer:
+        assert direct.json()["rsp_code"] == "00000"
+
+
+async def test_a_cookie_an_answer_sets_is_never_sent_again_over_real_http(
+        serve: Callable[[Handler], Awaitable[Server]]) -> None:
+    """aiohttp's own cookie jar (under httpx's) keeps a cookie from a host name (not from an
+    IP address): to ``localhost`` it would ride along with every later call."""
+    async def answer(n: int) -> bytes:
+        return (b"HTTP/1.1 200 OK\r\nSet-Cookie: session=user-a; Path=/\r\n"
+                b'Content-Length: 20\r\n\r\n{"rsp_code":"00000"}')
+
+    seen: list[bytes] = []
+    server = await serve(_answering(answer, seen))
+    http = make_http_client()
+    try:
+        for host in ("127.0.0.1", "localhost", "localhost"):
+            url = server.url.replace("127.0.0.1", host) + "/v1/bank/accounts"
+            resp = await http._transport.handle_async_request(httpx.Request("GET", url))
+            assert resp.headers["set-cookie"] == "session=user-a; Path=/"
+            resp = await http.get(url)
+            assert resp.json() == {"rsp_code": "00000"}
+    finally:
+        await http.aclose()
+    assert len(seen) == 6
+    assert not [r for r in seen if b"cookie" in r.lower()]
+
+
+@pytest.mark.parametrize("raw", [
+    [(b"Host", b"a:1"), (b"Authorization", b"Bearer t"), (b"X-Twice", b"1"), (b"x-twice", b"2")],
+    [(b"X-Name", "é".encode()), (b"Authorization", b"Bearer t")],  # utf-8
+    [(b"X-Name", b"\xe9t\xe9"), (b"Host", b"a")],  # latin-1
+])
+def test_the_headers_handed_to_aiohttp_are_httpx_multi_items(
+        raw: list[tuple[bytes, bytes]]) -> None:
+    from batch.client import _header_pairs
+
+    headers = httpx.Request("GET", "http://a/", headers=raw).headers
+    assert _header_pairs(headers) == headers.multi_items()
