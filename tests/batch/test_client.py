@@ -422,3 +422,25 @@ async def test_a_token_pair_that_could_not_be_saved_comes_back_in_the_result() -
     await http.aclose()
     assert res.outcome.kind is Kind.SUCCESS
     assert res.new_access_token == "tok-NEW-456" and res.new_refresh_token == "r2"
+
+
+@pytest.mark.parametrize(("status", "code", "header", "kind", "retry_after"), [
+    (429, None, "7", Kind.THROTTLED, 7.0),
+    (429, "42902", "2.5", Kind.THROTTLED, 2.5),
+    (403, "40301", "3", Kind.THROTTLED, 3.0),
+    (429, None, None, Kind.THROTTLED, None),
+    (503, None, "9", Kind.FAULT, None),  # not throttled: no wait of its own
+    (200, "00000", "9", Kind.SUCCESS, None),
+])
+async def test_a_throttled_answer_carries_its_retry_after_and_no_other_does(
+        status: int, code: str | None, header: str | None, kind: Kind,
+        retry_after: float | None) -> None:
+    headers = {} if header is None else {"Retry-After": header}
+    body = {"rsp_code": code} if code else {}
+    c, http = client(lambda _r: httpx.Response(status, json=body, headers=headers))
+    try:
+        out = await c._attempt("GET", "/v1/bank/accounts", "tok-a", 5.0)
+    finally:
+        await http.aclose()
+    assert out.kind is kind
+    assert out.retry_after == retry_after

@@ -226,3 +226,27 @@ def test_the_headers_handed_to_aiohttp_are_httpx_multi_items(
 
     headers = httpx.Request("GET", "http://a/", headers=raw).headers
     assert _header_pairs(headers) == headers.multi_items()
+
+
+@pytest.mark.parametrize("path", ["/v1/a%2Fb?q=%20x&y=%C3%A9", "/v1/é/x?c=a+b&d=é",
+                                  "/v1/bank/accounts?next_page=a%3Db"])
+async def test_the_url_sent_is_the_one_httpx_aiohttp_sends(
+        serve: Callable[[Handler], Awaitable[Server]], path: str) -> None:
+    from httpx_aiohttp import AiohttpTransport
+
+    seen: list[bytes] = []
+    server = await serve(_answering(_ok, seen))
+    url = httpx.URL(server.url + path)
+    theirs = AiohttpTransport()
+    ours = make_http_client()._transport
+    try:
+        for transport in (theirs, ours, ours):  # ours twice: its URL made once, then kept
+            resp = await transport.handle_async_request(httpx.Request("GET", url))
+            await resp.aread()
+        # an equal URL, another object: made again, the same
+        resp = await ours.handle_async_request(httpx.Request("GET", httpx.URL(str(url))))
+    finally:
+        await theirs.aclose()
+        await ours.aclose()
+    lines = [r.split(b"\r\n", 1)[0] for r in seen]
+    assert len(lines) == 4 and len(set(lines)) == 1, lines
