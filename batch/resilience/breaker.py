@@ -46,6 +46,8 @@ _SUCCESS = Kind.SUCCESS
 _CLOSED = State.CLOSED
 _DISABLED = State.DISABLED
 _METRICS_ONLY = State.METRICS_ONLY
+_OPEN = State.OPEN
+_HALF_OPEN = State.HALF_OPEN
 _RETRY_STATES = frozenset({State.CLOSED, State.DISABLED, State.METRICS_ONLY})
 
 
@@ -90,7 +92,7 @@ class CircuitBreaker:
     def state(self) -> State:
         """The current state, after any time-based transition now due."""
         s = self._state
-        if s is State.OPEN or s is State.HALF_OPEN:
+        if s is _OPEN or s is _HALF_OPEN:  # module names: read on every slice's starts
             self._tick(self._clock.monotonic())
         return self._state
 
