@@ -39,7 +39,6 @@ log = logging.getLogger("mydata.cluster")
 
 _REJ_OPEN = rejected(Layer.BREAKER, "cluster circuit open")
 _REJ_FORCED = rejected(Layer.BREAKER, "cluster circuit forced open")
-_LOCAL_OPEN = (State.OPEN, State.FORCED_OPEN)
 
 
 def probe_chain(chain: ProviderChain, *, clock: Clock,
@@ -104,7 +103,7 @@ class ClusterGate:
             if state is CircuitState.OPEN and self._view.is_probe_worker:
                 return not self._pacer.take(self._clock.monotonic())
             return True
-        return self.chain.breaker.state in _LOCAL_OPEN
+        return self.chain.breaker.is_open
 
     def breaker_state(self) -> str:
         """The state the run summary shows: the cluster's when it decides, else the local."""

@@ -60,7 +60,6 @@ from batch.planner import (
     stale_reasons,
     unplaceable_this_week,
 )
-from batch.resilience.breaker import State
 from batch.resilience.bulkhead import worker_share
 from batch.resilience.chain import ProviderChain
 from batch.resilience.outcomes import Kind, Outcome
@@ -555,14 +554,10 @@ def _refresher(client: MydataClient, store: work.WorkStore
 
 def _open_check(chain: ProviderChain) -> Callable[[], bool]:
     breaker = chain.breaker
-    refused = _REFUSING  # a module name (an Enum member on its class is a 100 ns lookup)
 
     def is_open() -> bool:  # every slice with starts asks
-        return breaker.state in refused
+        return breaker.is_open
     return is_open
-
-
-_REFUSING = (State.OPEN, State.FORCED_OPEN)
 
 
 def _state_of(chain: ProviderChain) -> Callable[[], str]:

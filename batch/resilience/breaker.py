@@ -49,6 +49,7 @@ _METRICS_ONLY = State.METRICS_ONLY
 _OPEN = State.OPEN
 _HALF_OPEN = State.HALF_OPEN
 _RETRY_STATES = frozenset({State.CLOSED, State.DISABLED, State.METRICS_ONLY})
+_OPEN_STATES = frozenset({State.OPEN, State.FORCED_OPEN})
 
 
 class CircuitBreaker:
@@ -95,6 +96,11 @@ class CircuitBreaker:
         if s is _OPEN or s is _HALF_OPEN:  # module names: read on every slice's starts
             self._tick(self._clock.monotonic())
         return self._state
+
+    @property
+    def is_open(self) -> bool:
+        """Every call refused now (OPEN or FORCED_OPEN), after any transition now due."""
+        return self.state in _OPEN_STATES
 
     @property
     def allows_retry(self) -> bool:

@@ -241,3 +241,17 @@ def test_transitions_carry_the_provider_and_the_deciding_tran_id() -> None:
     assert isinstance(change, StateChanged)
     assert (change.org_code, change.new, change.tran_id, change.reason) == (
         "BANK000001", "open", "T3", "failure rate")
+
+
+def test_is_open_while_every_call_is_refused_and_no_longer() -> None:
+    b, clock, _ = make()
+    assert not b.is_open  # CLOSED
+    trip(b, clock)
+    assert b.is_open and b.try_acquire(clock.monotonic()) == REFUSED
+    clock.advance(SETTINGS.open_wait)  # the wait over: HALF_OPEN, read as it is now
+    assert not b.is_open and b.state is State.HALF_OPEN
+    b.force_open()
+    assert b.is_open and b.try_acquire(clock.monotonic()) == REFUSED
+    for mode in (b.disable, b.metrics_only, b.reset):
+        mode()
+        assert not b.is_open and b.try_acquire(clock.monotonic()) == CALL
