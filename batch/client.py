@@ -192,6 +192,9 @@ class _NoResendTransport(AiohttpTransport):
     Nor does it keep cookies (``get_client``)."""
 
     def __init__(self, **kwargs: Any) -> None:
+        if kwargs.get("uds") is not None or kwargs.get("client") is not None:
+            # their session would be httpx-aiohttp's or the caller's: cookies kept, resends on
+            raise ValueError("this transport makes its own session: no uds, no client")
         super().__init__(**kwargs)
         self._timeouts: dict[tuple[float | None, float | None, float | None],
                              aiohttp.ClientTimeout] = {}
@@ -220,16 +223,12 @@ class _NoResendTransport(AiohttpTransport):
         that provider, whoever's consent it is for; httpx's cookies (``_NoCookies``) never
         see it. ``DummyCookieJar`` keeps nothing, and spares every call the jar's filtering
         and every answer its ``Set-Cookie`` parsing."""
-        if self.uds is not None or self.client is not None:
-            session = super().get_client()  # not ours (make_http_client passes neither)
-        else:
-            limit = self.limits.max_connections
-            connector = aiohttp.TCPConnector(
-                keepalive_timeout=self.limits.keepalive_expiry, ssl=self.ssl_context,
-                local_addr=(self.local_address, 0) if self.local_address else None,
-                limit=100 if limit is None else limit)  # None: aiohttp's default, as theirs
-            session = aiohttp.ClientSession(connector=connector,
-                                            cookie_jar=aiohttp.DummyCookieJar())
+        limit = self.limits.max_connections
+        connector = aiohttp.TCPConnector(
+            keepalive_timeout=self.limits.keepalive_expiry, ssl=self.ssl_context,
+            local_addr=(self.local_address, 0) if self.local_address else None,
+            limit=100 if limit is None else limit)  # None: aiohttp's default, as theirs
+        session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
         # No public switch exists; aiohttp's own test client turns it off the same way.
         session._retry_connection = False
         return session

@@ -250,3 +250,12 @@ async def test_the_url_sent_is_the_one_httpx_aiohttp_sends(
         await ours.aclose()
     lines = [r.split(b"\r\n", 1)[0] for r in seen]
     assert len(lines) == 4 and len(set(lines)) == 1, lines
+
+
+@pytest.mark.parametrize("given", [{"uds": "/tmp/x.sock"}, {"client": object()}])
+def test_the_transport_refuses_a_session_it_would_not_make_itself(
+        given: dict[str, object]) -> None:
+    from batch.client import _NoResendTransport
+
+    with pytest.raises(ValueError, match="its own session"):
+        _NoResendTransport(**given)
