@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
+from typing import TypeVar
 
 log = logging.getLogger("mydata.aio")
 
@@ -38,3 +39,32 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[object]], *, every: float
             "action": "tasks_left", "tasks": sorted(t.get_name() for t in pending)})
         return False
     return True
+
+
+_T = TypeVar("_T")
+
+
+async def finish_first(aw: Awaitable[_T]) -> _T:
+    """Await ``aw`` to its end even if the caller is cancelled meanwhile (however often),
+    then raise the cancellation: for a database write that must commit or roll back before
+    its task may stop.
+
+    A cancellation that lands inside an aiosqlite ``executemany`` makes SQLAlchemy throw the
+    connection away while the statement is still referenced by its cursor (held by the
+    cancelled frames); SQLite then keeps the closed connection, its transaction and the
+    file's write lock until that cursor is collected: every other write of the process
+    waited its 30 s busy timeout and failed ("database is locked"). Seen when a run's end
+    cancelled the minute export's upsert: the last minute rows and the run's summary were
+    not stored."""
+    task = asyncio.ensure_future(aw)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait([task])  # a cancellation of this wait leaves the task be
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller's cancellation is what it gets
+        raise asyncio.CancelledError
+    return task.result()

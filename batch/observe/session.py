@@ -19,7 +19,7 @@ from pathlib import Path
 from prometheus_client.registry import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from batch.aio import cancel_and_wait
+from batch.aio import cancel_and_wait, finish_first
 from batch.clock import KST, Clock
 from batch.errors import describe
 from batch.observe.collector import Dispatcher, RunCollector
@@ -137,10 +137,14 @@ class Observability:
         keys = sorted(self._dirty)
         self._dirty.clear()
         try:
-            await upsert_rows(self._engine, [r for k in keys if not (r := self._rows[k]).empty])
+            # A run stopping cancels this export wherever it is, but not inside its write:
+            # that one commits or rolls back first (see finish_first).
+            await finish_first(upsert_rows(
+                self._engine, [r for k in keys if not (r := self._rows[k]).empty]))
         except BaseException as exc:
-            # Not written (the database down, the run stopping mid-write): the next export
-            # (the run's last one at the latest) writes these rows again, as they are then.
+            # Not written (the database down), or the run stopping (its cancellation comes
+            # once the write has ended, whichever way): the next export (the run's last one
+            # at the latest) writes these rows again, as they are then.
             self._dirty.update(keys)
             if not isinstance(exc, Exception):
                 raise

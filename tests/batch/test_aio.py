@@ -1,5 +1,6 @@
 """cancel_and_wait: a task that absorbs a cancellation is still stopped; one that never
-stops is left behind with a warning instead of hanging the caller."""
+stops is left behind with a warning instead of hanging the caller. finish_first: a write
+runs to its end before its caller's cancellation goes on."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 
 import pytest
 
-from batch.aio import cancel_and_wait
+from batch.aio import cancel_and_wait, finish_first
 
 
 async def _absorbs_once() -> None:
@@ -90,3 +91,69 @@ def test_tasks_already_done_and_failed_are_retrieved_quietly() -> None:
         return await cancel_and_wait([t])
 
     assert asyncio.run(go()) is True
+
+
+def test_finish_first_lets_the_work_end_then_raises_every_cancellation_as_one() -> None:
+    async def go() -> tuple[list[str], asyncio.Task[str]]:
+        steps: list[str] = []
+        gate = asyncio.Event()
+
+        async def write() -> str:
+            steps.append("begun")
+            await gate.wait()
+            steps.append("committed")
+            return "rows"
+
+        caller = asyncio.create_task(finish_first(write()))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        for _ in range(3):  # cancel_and_wait asks again and again
+            caller.cancel()
+            await asyncio.sleep(0)
+        assert not caller.done() and steps == ["begun"]
+        gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        return steps, caller
+
+    steps, caller = asyncio.run(go())
+    assert steps == ["begun", "committed"] and caller.cancelled()
+
+
+def test_finish_first_returns_or_raises_as_the_work_does_when_not_cancelled() -> None:
+    async def ok() -> int:
+        await asyncio.sleep(0)
+        return 7
+
+    async def fails() -> int:
+        await asyncio.sleep(0)
+        raise ConnectionRefusedError("the database is down")
+
+    async def go() -> int:
+        with pytest.raises(ConnectionRefusedError):
+            await finish_first(fails())
+        return await finish_first(ok())
+
+    assert asyncio.run(go()) == 7
+
+
+def test_finish_first_cancelled_while_the_work_fails_raises_the_cancellation_quietly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def go() -> None:
+        gate = asyncio.Event()
+
+        async def fails() -> None:
+            await gate.wait()
+            raise ConnectionRefusedError("the database is down")
+
+        caller = asyncio.create_task(finish_first(fails()))
+        await asyncio.sleep(0)
+        caller.cancel()
+        await asyncio.sleep(0)
+        gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(go())
+    assert "never retrieved" not in caplog.text

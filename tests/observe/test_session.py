@@ -174,3 +174,63 @@ async def test_rows_a_failed_write_did_not_store_are_written_by_the_next_export(
         rows = (await conn.execute(select(schema.run_minutes))).all()
     assert [(r.minute_at.astimezone(KST).strftime("%H:%M"), r.calls) for r in rows] == [
         ("01:00", 1)]
+
+
+async def test_an_export_cancelled_inside_its_write_commits_first_and_leaves_the_file_free(
+        engine: AsyncEngine) -> None:
+    """A run's end cancels the minute export; one cancelled inside its upsert (aiosqlite's
+    executemany) used to have its connection thrown away with the statement still held by
+    the cancelled frames, and SQLite kept that transaction and the file's write lock: the
+    run's last rows and its summary then waited 30 s each and failed ("database is
+    locked"). The cycle collector is off here, as a frozen heap leaves such frames alone."""
+    import gc
+    import sqlite3
+
+    from sqlalchemy import event, insert
+
+    from batch.db.engine import sqlite_path, transaction
+
+    clock = FakeClock(datetime(2026, 11, 30, 1, 0, 5, tzinfo=KST))
+    obs = Observability(engine, clock=clock, run_id="run-1", day=DAY)
+    orgs = [f"BANK{i:06d}" for i in range(40)]
+    chains = {org: ProviderChain(org, ChainSettings(), clock=clock, listeners=obs.listeners)
+              for org in orgs}
+    for chain in chains.values():
+        obs.recorder.track(chain.org_code, max_attempts=chain.settings.retry.max_attempts)
+        await drive(clock, chain.call(Provider(clock, [OK])))
+    clock.advance(60)  # 01:01:05: minute 01:00 is whole
+    loop = asyncio.get_running_loop()
+    export = asyncio.create_task(obs.export())
+    seen: list[bool] = []
+
+    def cancel_once_sent(_conn: object, _cursor: object, statement: str, _params: object,
+                         _context: object, executemany: bool) -> None:
+        if "run_minutes" in statement and not seen:
+            seen.append(executemany)
+            loop.call_soon(export.cancel)  # lands while the driver runs the statement
+
+    event.listen(engine.sync_engine, "before_cursor_execute", cancel_once_sent)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            await export
+        assert seen == [True]
+        path = sqlite_path(str(engine.url))
+        if path is not None:  # another connection writes at once, no waiting on a lock
+            other = sqlite3.connect(path, timeout=1)
+            try:
+                other.execute("INSERT INTO schema_migrations (version) VALUES (999)")
+                other.commit()
+            finally:
+                other.close()
+        else:
+            async with transaction(engine) as conn:
+                await conn.execute(insert(schema.schema_migrations).values(version=999))
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", cancel_once_sent)
+        if collecting:
+            gc.enable()
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(schema.run_minutes))).all()
+    assert sorted((r.org_code.strip(), r.calls) for r in rows) == [(org, 1) for org in orgs]
