@@ -245,8 +245,12 @@ class RunSummary:
         )
 
 
+#: (heading, counter, width); "earlier": today's attempts by the runs before this one, so
+#: that a second run of the day does not show its plan as untouched (planned 2,418,
+#: attempted 0, deferred 0: where did they go?)
 _COLUMNS = (("provider", "org_code", 10), ("planned", "planned", 9),
-            ("attempted", "attempted", 9), ("ok", "succeeded", 9), ("failed", "failed", 7),
+            ("earlier", "attempted_before_run", 8), ("attempted", "attempted", 9),
+            ("ok", "succeeded", 9), ("failed", "failed", 7),
             ("deferred", "deferred", 8), ("dead-ltr", "dead_lettered", 8),
             ("calls", "calls", 8))
 

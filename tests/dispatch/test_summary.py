@@ -100,6 +100,19 @@ def test_the_table_shows_each_provider_the_totals_and_why_it_replanned() -> None
     assert "re-planned at start: no plan saved" in text
     assert "window override 0100:0130" in text
     row = next(ln for ln in lines if ln.startswith("BANK000001"))
-    assert row.split()[1:4] == ["7", "6", "5"]
+    assert lines[3].split()[:5] == ["provider", "planned", "earlier", "attempted", "ok"]
+    assert row.split()[1:5] == ["7", "0", "6", "5"]
     total = lines[-1].split()
-    assert total[:4] == ["total", "10", "9", "8"]
+    assert total[:5] == ["total", "10", "0", "9", "8"]
+
+
+def test_the_table_shows_what_the_days_earlier_runs_attempted() -> None:
+    """A second run of the day: its plan is not shown as untouched (planned, nothing
+    attempted, nothing deferred) but as done by the runs before it."""
+    text = format_summary(_summary(providers=(
+        provider_stats("BANK000001", planned=515, attempted_before_run=515),
+        provider_stats("CARD000002", planned=396, attempted_before_run=390))))
+    rows = {ln.split()[0]: ln.split() for ln in text.splitlines()[4:]}
+    assert rows["BANK000001"][1:5] == ["515", "515", "0", "0"]
+    assert rows["CARD000002"][1:4] == ["396", "390", "0"]
+    assert rows["total"][1:4] == ["911", "905", "0"]
