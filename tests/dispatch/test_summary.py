@@ -109,10 +109,14 @@ def test_the_table_shows_each_provider_the_totals_and_why_it_replanned() -> None
 def test_the_table_shows_what_the_days_earlier_runs_attempted() -> None:
     """A second run of the day: its plan is not shown as untouched (planned, nothing
     attempted, nothing deferred) but as done by the runs before it."""
-    text = format_summary(_summary(providers=(
-        provider_stats("BANK000001", planned=515, attempted_before_run=515),
-        provider_stats("CARD000002", planned=396, attempted_before_run=390))))
+    def after(org: str, planned: int, earlier: int) -> ProviderSummary:
+        stats = ProviderStats(org, day_quota=planned, attempted_before=earlier)
+        return ProviderSummary.from_stats(stats.summary(), chain={"breaker": "closed"})
+
+    text = format_summary(_summary(providers=(after("BANK000001", 515, 515),
+                                              after("CARD000002", 396, 390))))
     rows = {ln.split()[0]: ln.split() for ln in text.splitlines()[4:]}
-    assert rows["BANK000001"][1:5] == ["515", "515", "0", "0"]
-    assert rows["CARD000002"][1:4] == ["396", "390", "0"]
-    assert rows["total"][1:4] == ["911", "905", "0"]
+    # planned, earlier, attempted, ok, failed, deferred
+    assert rows["BANK000001"][1:7] == ["515", "515", "0", "0", "0", "0"]
+    assert rows["CARD000002"][1:7] == ["396", "390", "0", "0", "0", "6"]
+    assert rows["total"][1:7] == ["911", "905", "0", "0", "0", "6"]
