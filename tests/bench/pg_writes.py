@@ -26,24 +26,17 @@ from __future__ import annotations
 import asyncio
 import asyncio.selector_events as selector_events
 import os
-import tempfile
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
-from batch.simulator import SimulatorProcess
-from tests.bench.profile_dispatch import SCENARIO, saturated_day
+from tests.bench.profile_dispatch import refreshes_per_provider, saturated_day, simulated_day
 from tests.bench.sqlite_statements import statement_key
-from tests.bench.test_dispatch_throughput import CALLS_PER_REFRESH, PROVIDERS, _institutions_toml
-from tests.conftest import PG_ADMIN_URL, _admin
-from tests.integration.helpers import free_ports
 
 #: per statement: [statements, bytes]
 _SENT: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0])
@@ -98,21 +91,10 @@ def _counting() -> Iterator[None]:
 def main() -> None:
     rate = float(os.environ.get("PROFILE_RATE", "3000"))
     top = int(os.environ.get("PROFILE_TOP", "12"))
-    tmp = Path(tempfile.mkdtemp(prefix="mydata-pg-writes-"))
-    path = tmp / "institutions.toml"
-    path.write_text(_institutions_toml(free_ports(PROVIDERS)))
-    scen = tmp / "scenario.toml"
-    scen.write_text(SCENARIO)
-    name = f"mydata_w_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
     _instrument()
-    try:
-        with SimulatorProcess(path, scenario_path=scen, window_override=["0000:2359"]):
-            seconds, calls, cpu, _ = asyncio.run(saturated_day(
-                f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}", path,
-                int(rate * 60 / CALLS_PER_REFRESH / PROVIDERS), _counting()))
-    finally:
-        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with simulated_day("postgresql", "mydata-pg-writes-") as (path, url):
+        seconds, calls, cpu, _ = asyncio.run(saturated_day(
+            url, path, refreshes_per_provider(rate), _counting()))
     calls = max(calls, 1)
     print(f"== what a saturated run_day on PostgreSQL sends: {calls:,} calls in {seconds:.1f} s, "
           f"this process {1e6 * cpu / calls:.0f} us of CPU a call ==")

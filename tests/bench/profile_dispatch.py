@@ -29,8 +29,8 @@ import tempfile
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple
@@ -95,6 +95,42 @@ async def saturated_day(url: str, insts_path: Path, per_provider: int,
     return DayFigures(time.monotonic() - t0, calls, cpu, loop_cpu)
 
 
+@contextmanager
+def bench_database(backend: str, tmp: Path) -> Iterator[str]:
+    """A new database for one run, its URL: an SQLite file in ``tmp``, or a PostgreSQL
+    database on the test server (``MYDATA_TEST_PG_URL``), dropped after."""
+    name = f"mydata_p_{uuid.uuid4().hex[:12]}"
+    if backend == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp / name}.db"
+        return
+    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+    finally:
+        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@contextmanager
+def simulated_day(backend: str, prefix: str) -> Iterator[tuple[Path, str]]:
+    """The dispatch bench's providers served by the simulator (its own process, answering
+    at once) and a new database of ``backend`` (:func:`bench_database`), for one
+    :func:`saturated_day`: the institutions file and the database URL."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    path = tmp / "institutions.toml"
+    path.write_text(_institutions_toml(free_ports(PROVIDERS)))
+    scen = tmp / "scenario.toml"
+    scen.write_text(SCENARIO)
+    with bench_database(backend, tmp) as url, \
+            SimulatorProcess(path, scenario_path=scen, window_override=["0000:2359"]):
+        yield path, url
+
+
+def refreshes_per_provider(rate: float) -> int:
+    """The refreshes a provider of the dispatch bench's is planned in the one minute, for
+    ``rate`` calls/s offered in all."""
+    return int(rate * 60 / CALLS_PER_REFRESH / PROVIDERS)
+
+
 _OURS = str(Path(batch.__file__).resolve().parent) + os.sep
 
 
@@ -133,33 +169,24 @@ def main() -> None:
     path = tmp / "institutions.toml"
     if many:
         path.write_text(many_toml(free_ports(PORTS), many))
-        per_provider = REFRESHES_PER_SECOND * 60
-        rate = many * per_provider * CALLS_PER_REFRESH / 60
+        planned = REFRESHES_PER_SECOND * 60
+        rate = many * planned * CALLS_PER_REFRESH / 60
     else:
         path.write_text(_institutions_toml(free_ports(PROVIDERS)))
-        per_provider = int(rate * 60 / CALLS_PER_REFRESH / PROVIDERS)
+        planned = refreshes_per_provider(rate)
     scen = tmp / "scenario.toml"
     scen.write_text(SCENARIO)
-    name = f"mydata_p_{uuid.uuid4().hex[:12]}"
-    if backend == "sqlite":
-        url = f"sqlite+aiosqlite:///{tmp / name}.db"
-    else:
-        asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
-        url = f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
     spy = os.environ.get("PROFILER", "cprofile") == "py-spy"
     if os.environ.get("PROFILE_BASELINE") == "a3":
         _profile_a3(path, scen, tmp, spy, top)
         return
     out = Path(os.environ.get("PROFILE_OUT", str(
         tmp / (f"py-spy-{backend}.txt" if spy else f"profile-{backend}.prof"))))
-    try:
-        with SimulatorProcess(path, scenario_path=scen, window_override=["0000:2359"]):
-            prof = None if spy else cProfile.Profile()
-            seconds, calls, cpu, _ = asyncio.run(saturated_day(
-                url, path, per_provider, sampling(out) if prof is None else prof))
-    finally:
-        if backend != "sqlite":
-            asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with bench_database(backend, tmp) as url, \
+            SimulatorProcess(path, scenario_path=scen, window_override=["0000:2359"]):
+        prof = None if spy else cProfile.Profile()
+        seconds, calls, cpu, _ = asyncio.run(saturated_day(
+            url, path, planned, sampling(out) if prof is None else prof))
     what = f"{many} providers' run_day" if many else "a saturated run_day"
     print(f"== {'py-spy' if spy else 'cProfile'} of {what} on {backend}: {calls:,} calls in "
           f"{seconds:.1f} s (offered {rate:g} calls/s; {os.getloadavg()[0]:.2f} load) "

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tempfile
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import aiosqlite.core
@@ -32,10 +30,7 @@ from sqlalchemy.engine import Engine
 
 from batch.db import engine as engine_module
 from batch.db import work
-from batch.simulator import SimulatorProcess
-from tests.bench.profile_dispatch import SCENARIO, saturated_day
-from tests.bench.test_dispatch_throughput import CALLS_PER_REFRESH, PROVIDERS, _institutions_toml
-from tests.integration.helpers import free_ports
+from tests.bench.profile_dispatch import refreshes_per_provider, saturated_day, simulated_day
 
 #: per statement (or driver method): [operations, thread CPU seconds]
 _THREAD: defaultdict[str, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -133,17 +128,11 @@ def _counting() -> Iterator[None]:
 def main() -> None:
     rate = float(os.environ.get("PROFILE_RATE", "3000"))
     top = int(os.environ.get("PROFILE_TOP", "15"))
-    tmp = Path(tempfile.mkdtemp(prefix="mydata-sqlite-statements-"))
-    path = tmp / "institutions.toml"
-    path.write_text(_institutions_toml(free_ports(PROVIDERS)))
-    scen = tmp / "scenario.toml"
-    scen.write_text(SCENARIO)
     _instrument()
     _instrument_store_thread()
-    with SimulatorProcess(path, scenario_path=scen, window_override=["0000:2359"]):
+    with simulated_day("sqlite", "mydata-sqlite-statements-") as (path, url):
         _, calls, cpu, _ = asyncio.run(saturated_day(
-            f"sqlite+aiosqlite:///{tmp / 'bench.db'}", path,
-            int(rate * 60 / CALLS_PER_REFRESH / PROVIDERS), _counting()))
+            url, path, refreshes_per_provider(rate), _counting()))
     calls = max(calls, 1)
     wall = sorted(_WALL) or [0.0]
     thread = sum(t for _, t in _THREAD.values())
