@@ -64,6 +64,9 @@ if TYPE_CHECKING:
                    "are due again at once.")
 @click.option("--cluster-namespace", default="mydata", show_default=True,
               help="Cluster mode: the prefix of this cluster's Redis keys.")
+@click.option("--process-index", type=click.IntRange(0, 63), default=None, hidden=True,
+              help="Set by --processes on each worker it starts: its metrics port, textfile "
+                   "and `process` label (ObserveOptions.for_process).")
 @click.pass_obj
 def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ...],
             as_json: bool, lease_seconds: int, grace_seconds: float, progress: str,
@@ -71,7 +74,7 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
             metrics_port: int | None, metrics_textfile: Path | None,
             concurrency: int | None, processes: int,
             heartbeat_seconds: float, dead_after_seconds: float,
-            cluster_namespace: str) -> None:
+            cluster_namespace: str, process_index: int | None) -> None:
     """Run today's plan inside the providers' windows, then print the summary.
 
     Exit codes: 0 the day's work is done; 1 work left undone or failures an operator must
@@ -82,7 +85,14 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
     registry (`mydata-batch workers`), the plan's per-minute counts and the providers' rates
     are shared through Redis, and no run lock is taken.
     """
+    from batch.observe.session import ObserveOptions
+
     redis_url = settings.redis_url
+    observe = ObserveOptions(metrics_port=metrics_port, metrics_textfile=metrics_textfile)
+    if processes > 1:
+        observe.for_process(processes - 1)  # the last worker's port: one line if past 65535
+    if process_index is not None:
+        observe = observe.for_process(process_index)
     if processes > 1 and not redis_url:
         raise ConfigError("--processes needs cluster mode (--redis URL): without it two "
                           "runs on one database would double every provider's rate")
@@ -97,7 +107,6 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
     from batch.db.engine import make_engine
     from batch.dispatch.runner import RunOptions, run_day
     from batch.logs import setup_logging
-    from batch.observe.session import ObserveOptions
 
     kwargs: dict[str, object] = {}
     if worker_id:
@@ -106,7 +115,7 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
         window_override=tuple(windows) or None, only=tuple(only),
         lease=timedelta(seconds=lease_seconds), grace_seconds=grace_seconds,
         progress=progress, page_limit=page_limit, concurrency=concurrency,
-        observe=ObserveOptions(metrics_port=metrics_port, metrics_textfile=metrics_textfile),
+        observe=observe,
         **kwargs,  # type: ignore[arg-type]
     )
     cipher = token_cipher()  # checked against the stored tokens before any call

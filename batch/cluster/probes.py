@@ -106,9 +106,10 @@ class ClusterGate:
         return self.chain.breaker.is_open
 
     def breaker_state(self) -> str:
-        """The state the run summary shows: the cluster's when it decides, else the local."""
+        """The state the run summary shows: the cluster's when it decides (``cluster_closed``,
+        not the local breaker's ``metrics_only``), else the local."""
         state = self._view.state(self.org_code)
-        if state is not None and state.is_open:
+        if state is not None:
             return f"cluster_{state}"
         return str(self.chain.breaker.state.value)
 

@@ -29,7 +29,7 @@ _EXIT_RANK = (2, 1, 3, 0)
 _SAME = ("planned", "attempted_before_run")
 #: counted cluster-wide by each worker (batch/cluster/view.py): the smallest is the latest
 _CLUSTER_WIDE = ("deferred",)
-_BREAKER_RANK = ("forced_open", "open", "half_open", "closed")
+_BREAKER_RANK = ("forced_open", "open", "half_open", "forced_closed", "closed")
 
 
 def worst_exit(codes: Sequence[int]) -> int:
@@ -39,6 +39,14 @@ def worst_exit(codes: Sequence[int]) -> int:
     if not norm:
         return 2
     return min(norm, key=_EXIT_RANK.index)
+
+
+def _breaker_rank(state: str) -> int:
+    """Where a worker's breaker column ranks, most severe first: the cluster's state
+    (``cluster_open``) as the local one; a state not in the list (``metrics_only``,
+    ``disabled``) after them all."""
+    state = state.removeprefix("cluster_")
+    return _BREAKER_RANK.index(state) if state in _BREAKER_RANK else len(_BREAKER_RANK)
 
 
 def _merge_provider(parts: Sequence[ProviderSummary]) -> ProviderSummary:
@@ -53,8 +61,7 @@ def _merge_provider(parts: Sequence[ProviderSummary]) -> ProviderSummary:
             c.update(getattr(p, attr))
         return dict(c)
 
-    breaker = min((p.breaker for p in parts),
-                  key=lambda b: _BREAKER_RANK.index(b) if b in _BREAKER_RANK else 0)
+    breaker = min((p.breaker for p in parts), key=_breaker_rank)
     extra: dict[str, Any] = {}
     for p in parts:
         for k, v in p.extra.items():
@@ -97,9 +104,20 @@ def merge_summaries(parts: Sequence[RunSummary], *, worker_id: str,
         error="; ".join(s.error for s in parts if s.error) or None)
 
 
+def _ended(code: int) -> str:
+    """How a child ended, in words: ``was killed by SIGKILL``, ``exited 2``."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited {code}"
+
+
 def child_argv(argv: Sequence[str], index: int, worker_id: str) -> list[str]:
     """The parent's arguments for child ``index``: without --processes (and its value),
-    with --json and its own --worker-id."""
+    with --json, its own --worker-id and its --process-index (its metrics port, textfile
+    and label: ``ObserveOptions.for_process``)."""
     out: list[str] = []
     skip = False
     for a in argv:
@@ -114,7 +132,7 @@ def child_argv(argv: Sequence[str], index: int, worker_id: str) -> list[str]:
         out.append(a)
     if "--json" not in out:
         out.append("--json")
-    return [*out, "--worker-id", f"{worker_id}-p{index}"]
+    return [*out, "--worker-id", f"{worker_id}-p{index}", "--process-index", str(index)]
 
 
 def run_children(argv: Sequence[str], n: int, *, worker_id: str) -> tuple[RunSummary, int]:
@@ -140,8 +158,13 @@ def run_children(argv: Sequence[str], n: int, *, worker_id: str) -> tuple[RunSum
         try:
             parts.append(RunSummary.from_json(json.loads(out.decode().strip().splitlines()[-1])))
         except (ValueError, IndexError, SummaryError):
-            log.error("a worker process printed no summary", extra={
-                "action": "worker_process_failed", "index": i, "exit_code": code})
+            child = f"{worker_id}-p{i}"
+            log.error("worker process %s %s and printed no summary: the merged one leaves "
+                      "its work out (its outcomes written are in the database; its claims "
+                      "are due again once a live worker sees it dead, or at the lease's end)",
+                      child, _ended(code), extra={
+                          "action": "worker_process_failed", "index": i, "exit_code": code,
+                          "worker": child})
     if not parts:
         raise SummaryError(f"no worker process printed a summary (exit codes {codes})")
     return merge_summaries(parts, worker_id=worker_id, codes=codes), worst_exit(codes)

@@ -3,7 +3,9 @@
 Reads the chain recorder's totals, each dispatcher's ``ProviderStats`` (queue depth, slice
 lateness, planned vs started) and the last database state; nothing here runs per call.
 Labels are bounded: ``provider`` (an org_code), an outcome class, a breaker state, a layer
-or reason from a fixed list. Exemplars carry the ``x-api-tran-id`` (OpenMetrics only).
+or reason from a fixed list, and under ``run --processes N`` the worker's ``process`` index
+(0 to N-1, the same every night: its textfile beside its siblings' must not repeat theirs).
+Exemplars carry the ``x-api-tran-id`` (OpenMetrics only).
 
     chain       mydata_calls_total{outcome}, mydata_circuitbreaker_calls_total{kind},
                 mydata_circuitbreaker_state{state}, mydata_circuitbreaker_transitions_total,
@@ -35,7 +37,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Exemplar
+from prometheus_client.samples import Exemplar, Sample
 
 from batch.dispatch.stats import ProviderStats
 from batch.observe.hist import LATENESS_BUCKETS, Hist
@@ -87,17 +89,31 @@ class RunCollector(Collector):
     def __init__(self, recorder: ChainRecorder, *,
                  dispatchers: Callable[[], Sequence[Dispatcher]] = tuple,
                  state: Callable[[], StoreState | None] = lambda: None,
-                 started_at: float | None = None) -> None:
+                 started_at: float | None = None,
+                 labels: Sequence[tuple[str, str]] = ()) -> None:
         self._recorder = recorder
         self._dispatchers = dispatchers
         self._state = state
         self._started_at = started_at
         self._lateness: dict[str, _Lateness] = {}
+        #: added to every sample (``process``), after the family's own labels
+        self._labels = dict(labels)
 
     def describe(self) -> Iterable[Metric]:
         return []  # unchecked registration: families are built at collect time
 
     def collect(self) -> Iterator[Metric]:
+        if not self._labels:
+            return self._families()
+        return self._labelled(self._labels)
+
+    def _labelled(self, extra: dict[str, str]) -> Iterator[Metric]:
+        for family in self._families():
+            family.samples = [Sample(s.name, {**s.labels, **extra}, s.value, s.timestamp,
+                                     s.exemplar) for s in family.samples]
+            yield family
+
+    def _families(self) -> Iterator[Metric]:
         provs = sorted(self._recorder.providers.values(), key=lambda p: p.org_code)
         yield from _chain(provs)
         yield from self._dispatch(sorted(self._dispatchers(), key=lambda d: d.org_code))

@@ -18,6 +18,9 @@ log = logging.getLogger("mydata.resilience")
 
 BUDGET_LOG_EVERY = 60.0
 
+#: the breaker states whose arrival is a warning: calls refused, or only probes let through
+_ALARMING = frozenset({"open", "half_open", "forced_open"})
+
 
 class EventLog:
     """A :class:`~batch.resilience.events.Listener` that logs the events that matter."""
@@ -37,7 +40,10 @@ class EventLog:
         t = type(event)
         if t is StateChanged:
             assert isinstance(event, StateChanged)
-            level = logging.WARNING if event.new != "closed" else logging.INFO
+            # a warning when calls are refused or on trial; a move to closed, or to a mode
+            # the run sets itself (cluster mode's metrics_only on every provider of every
+            # worker at its start, a probe chain's disabled), is information
+            level = logging.WARNING if event.new in _ALARMING else logging.INFO
             log.log(level, "circuit %s -> %s: %s", event.old, event.new, event.reason,
                     extra={"action": "breaker_transition", "org_code": event.org_code,
                            "run_id": self.run_id, "from_state": event.old,

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.aio import cancel_and_wait, finish_first
 from batch.clock import KST, Clock
-from batch.errors import describe
+from batch.errors import ConfigError, describe
 from batch.observe.collector import Dispatcher, RunCollector
 from batch.observe.exposition import MetricsServer, render, write_textfile
 from batch.observe.logbook import EventLog
@@ -43,10 +43,31 @@ class ObserveOptions:
 
     metrics_port: int | None = None
     metrics_textfile: Path | None = None
+    #: added to every sample: ``(("process", "1"),)`` for a worker of ``run --processes N``
+    labels: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port {self.metrics_port} is not in 0..65535")
+
+    def for_process(self, index: int) -> ObserveOptions:
+        """What worker ``index`` of ``run --processes N`` uses instead, beside its siblings
+        on one machine: the port ``metrics_port + index`` (0 stays 0: a free port each),
+        the textfile ``NAME-p{index}.prom`` for ``NAME.prom`` in the same directory (the
+        node exporter reads every ``*.prom`` there), and every sample labelled
+        ``process="{index}"`` (two files holding the same series make the node exporter's
+        whole scrape fail)."""
+        port = self.metrics_port
+        if port:
+            port += index
+            if port > 65535:
+                raise ConfigError(f"--metrics-port: worker {index} of --processes would "
+                                  f"listen on {port}, past 65535: give a lower port")
+        path = self.metrics_textfile
+        if path is not None:
+            path = path.with_name(f"{path.stem}-p{index}{path.suffix}")
+        return ObserveOptions(metrics_port=port, metrics_textfile=path,
+                              labels=(*self.labels, ("process", str(index))))
 
 
 class Observability:
@@ -66,7 +87,7 @@ class Observability:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(RunCollector(
             self.recorder, dispatchers=lambda: self._dispatchers, state=lambda: self._state,
-            started_at=clock.now().timestamp()))
+            started_at=clock.now().timestamp(), labels=self.options.labels))
         self._server: MetricsServer | None = None
         self._task: asyncio.Task[None] | None = None
         self._rows: dict[tuple[str, datetime], MinuteRow] = {}

@@ -21,6 +21,8 @@ from tests.integration.helpers import free_ports, institutions_toml, make_instit
     (["run", "--window-override", "0100-0200"], "hhmm:hhmm"),
     (["--redis", "redis://127.0.0.1:1/0", "run"], "Redis at redis://127.0.0.1:1/0 is unreachable"),
     (["run", "--processes", "2"], "--processes needs cluster mode"),
+    (["--redis", "redis://127.0.0.1:6379/0", "run", "--processes", "3", "--metrics-port",
+      "65534"], "worker 2 of --processes would listen on 65536, past 65535"),
     (["run", "--heartbeat-seconds", "20", "--dead-after-seconds", "10"], "shorter than"),
     (["run"], "no institutions in the database"),
 ])

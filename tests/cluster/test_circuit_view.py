@@ -129,6 +129,7 @@ async def test_gate_refuses_an_open_provider_without_a_call_unless_probing() -> 
 
     await view.refresh()
     assert c.breaker.state is State.METRICS_ONLY  # the cluster decides
+    assert gate.breaker_state() == "cluster_closed"  # the summary's column: not metrics_only
     assert (await gate.call(attempt)).ok
     store.states[ORG] = open_state()
     await view.refresh()

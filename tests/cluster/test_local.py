@@ -4,7 +4,10 @@ local limits (FakeClock), the shared allowance's fall-back, merged summaries."""
 from __future__ import annotations
 
 import asyncio
+import logging
+from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,11 +18,17 @@ from redis.exceptions import MaxConnectionsError
 from batch.clock import KST, FakeClock
 from batch.cluster.allowance import SharedAllowance
 from batch.cluster.permits import PermitStock, ServerClock
-from batch.cluster.processes import child_argv, merge_summaries, worst_exit
+from batch.cluster.processes import (
+    _ended,
+    child_argv,
+    merge_summaries,
+    run_children,
+    worst_exit,
+)
 from batch.cluster.scripts import Scripts
 from batch.cluster.session import ClusterOptions, ClusterSession
 from batch.cluster.view import cluster_view
-from batch.dispatch.summary import COUNTERS, ProviderSummary, RunSummary
+from batch.dispatch.summary import COUNTERS, ProviderSummary, RunSummary, SummaryError
 from batch.resilience.bulkhead import worker_share
 from batch.resilience.chain import ProviderChain
 from batch.resilience.limiter import NO_PERMIT, RateLimiter
@@ -405,10 +414,37 @@ def test_summaries_of_workers_merge_into_one() -> None:
     assert (m.exit_code, m.status, m.run_id) == (1, "incomplete", "r1+r2")
 
 
+@pytest.mark.parametrize("states, shown", [
+    (("cluster_closed", "cluster_open", "closed"), "cluster_open"),
+    (("metrics_only", "cluster_closed"), "cluster_closed"),
+    (("half_open", "cluster_forced_open"), "cluster_forced_open"),
+    (("closed", "cluster_forced_closed"), "cluster_forced_closed"),
+])
+def test_the_merged_breaker_column_is_the_most_severe_workers(
+        states: tuple[str, ...], shown: str) -> None:
+    parts = [_run(f"r{i}", 0, replace(_prov("BANK000001"), breaker=b))
+             for i, b in enumerate(states)]
+    assert merge_summaries(parts, worker_id="h").provider("BANK000001").breaker == shown
+
+
+def test_a_worker_process_without_a_summary_is_named_with_how_it_ended(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="mydata.cluster")
+    with pytest.raises(SummaryError, match=r"no worker process printed a summary \(exit "
+                                           r"codes \[2, 2\]\)"):
+        run_children(["--db", str(tmp_path / "missing.db"), "run"], 2, worker_id="box")
+    lines = sorted(r.getMessage() for r in caplog.records
+                   if r.__dict__.get("action") == "worker_process_failed")
+    assert [line.split(":")[0] for line in lines] == [
+        "worker process box-p0 exited 2 and printed no summary",
+        "worker process box-p1 exited 2 and printed no summary"]
+    assert _ended(-9) == "was killed by SIGKILL" and _ended(-99) == "was killed by signal 99"
+
+
 def test_child_command_lines_drop_processes_and_name_each_worker() -> None:
     argv = ["--db", "x", "run", "--processes", "3", "--only", "B", "--processes=2"]
     assert child_argv(argv, 1, "h-9") == ["--db", "x", "run", "--only", "B", "--json",
-                                          "--worker-id", "h-9-p1"]
+                                          "--worker-id", "h-9-p1", "--process-index", "1"]
 
 
 def test_deferred_is_judged_cluster_wide_at_a_workers_end() -> None:

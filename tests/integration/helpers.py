@@ -39,6 +39,28 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def free_port_run(n: int) -> int:
+    """The first of ``n`` consecutive ports free on 127.0.0.1 (``run --processes n
+    --metrics-port P`` serves P to P+n-1)."""
+    for _ in range(50):
+        base = free_ports(1)[0]
+        if base + n > 65536:
+            continue
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
 def institutions_toml(ports: list[int], *, cps: int = 100, industries: tuple[str, ...] = (
         "bank", "card")) -> str:
     lines = ['operator_org_code = "OPERATOR01"']

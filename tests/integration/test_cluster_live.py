@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from batch.clock import KST, ScaledClock
 from batch.simulator import SimulatorProcess, consent_key
 from tests.integration.cluster_helpers import final_rows, private_redis, worker_cmd
 from tests.integration.helpers import (
     WEEK,
+    free_port_run,
     free_ports,
     institutions_toml,
     make_institutions,
@@ -208,12 +210,24 @@ def test_processes_starts_n_workers_under_one_parent_and_merges_their_summaries(
     toml, _, tokens, env = _setup(pg_url, tmp_path, monkeypatch, per_provider)
     with private_redis() as (redis_url, _), SimulatorProcess(
             toml, window_override=[WINDOW]) as sim:
-        cmd = worker_cmd(pg_url, redis_url, WINDOW, name="box")
+        # each worker its own port (P+i) and textfile (m-p{i}.prom): the same ones made the
+        # second worker fail to listen, and the workers overwrite one another's file
+        port = free_port_run(3)
+        cmd = worker_cmd(pg_url, redis_url, WINDOW, name="box", extra=(
+            "--metrics-port", str(port), "--metrics-textfile", str(tmp_path / "m.prom")))
         parent = subprocess.run([*cmd, "--processes", "3"], env=env, capture_output=True,
                                 timeout=180)
         stats = sim.stats(detail=True)
     assert parent.returncode == 0, parent.stderr.decode()[-2000:]
     merged = json.loads(parent.stdout)
+    assert not (tmp_path / "m.prom").exists()
+    calls = 0.0
+    for i in range(3):
+        samples = [s for f in text_string_to_metric_families(
+            (tmp_path / f"m-p{i}.prom").read_text()) for s in f.samples]
+        assert samples and all(s.labels["process"] == str(i) for s in samples)
+        calls += sum(s.value for s in samples if s.name == "mydata_calls_total")
+    assert calls == sum(p["calls"] for p in merged["providers"]) > 0
     assert merged["status"] == "done" and merged["worker_id"] == "box"
     assert len(merged["run_id"].split("+")) == 3
     for p in merged["providers"]:

@@ -76,3 +76,19 @@ def test_breaker_throttling_and_budget_are_logged_budget_once_a_minute(
     assert actions == [("breaker_transition", None), ("rate_throttled", None),
                        ("retry_budget_exhausted", 1), ("retry_budget_exhausted", 50)]
     assert caplog.records[0].__dict__["tran_id"] == "OPERATOR01A00000000000009"
+
+
+@pytest.mark.parametrize("new, level", [
+    ("open", logging.WARNING), ("half_open", logging.WARNING),
+    ("forced_open", logging.WARNING), ("closed", logging.INFO),
+    ("metrics_only", logging.INFO), ("disabled", logging.INFO),
+])
+def test_a_breaker_transition_warns_only_when_calls_are_refused_or_on_trial(
+        caplog: pytest.LogCaptureFixture, new: str, level: int) -> None:
+    """Cluster mode sets every provider's breaker to metrics_only at each worker's start
+    (and its probe chains' to disabled): 24 warnings a start for 6 providers and 2 workers,
+    none of them anything an operator must act on."""
+    caplog.set_level(logging.INFO, logger="mydata.resilience")
+    EventLog(clock=FakeClock(), run_id="run-1")(
+        StateChanged("BANK000001", "closed", new, 1.0, "why", None))
+    assert [(r.levelno, r.__dict__["to_state"]) for r in caplog.records] == [(level, new)]

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from batch.clock import KST, FakeClock
 from batch.db import schema
 from batch.dispatch.stats import MinuteRecord, ProviderStats
+from batch.errors import ConfigError
 from batch.observe.session import Observability, ObserveOptions
 from batch.resilience import ChainSettings, LimiterSettings, RetrySettings
 from batch.resilience.chain import ProviderChain
@@ -90,6 +91,51 @@ async def test_minutes_are_cut_per_provider_upserted_and_exported(
     assert got[("mydata_dispatch_queue_depth", ORG)] == 1
     assert got[("mydata_dispatch_slice_lateness_seconds_count", ORG)] == 3
     assert got[("mydata_last_successful_run_timestamp_seconds", None)] == 0
+
+
+def test_a_worker_of_processes_gets_its_own_port_textfile_and_process_label(
+        tmp_path: Path) -> None:
+    base = ObserveOptions(metrics_port=9464, metrics_textfile=tmp_path / "mydata.prom")
+    assert base.for_process(2) == ObserveOptions(
+        metrics_port=9466, metrics_textfile=tmp_path / "mydata-p2.prom",
+        labels=(("process", "2"),))
+    # port 0 picks a free port for each worker; no port, no textfile stay so
+    assert ObserveOptions(metrics_port=0).for_process(1).metrics_port == 0
+    assert ObserveOptions().for_process(3) == ObserveOptions(labels=(("process", "3"),))
+    with pytest.raises(ConfigError, match="worker 1 of --processes would listen on 65536"):
+        ObserveOptions(metrics_port=65535).for_process(1)
+
+
+async def test_a_workers_textfile_labels_every_sample_with_its_process(
+        engine: AsyncEngine, tmp_path: Path) -> None:
+    """Two workers of ``run --processes`` on one machine: each file's series differ from
+    its sibling's by ``process`` (the node exporter fails a scrape that finds one series
+    in two files), and their HELP lines are the same (it refuses differing ones)."""
+    clock = FakeClock(datetime(2026, 11, 30, 1, 0, 5, tzinfo=KST))
+    texts = []
+    for index in (0, 1):
+        opts = ObserveOptions(metrics_textfile=tmp_path / "m.prom").for_process(index)
+        obs = Observability(engine, clock=clock, run_id=f"run-{index}", day=DAY,
+                            options=opts)
+        chain = ProviderChain(ORG, ChainSettings(), clock=clock, listeners=obs.listeners)
+        await obs.start({ORG: chain}, [FakeDispatcher()])
+        try:
+            await drive(clock, chain.call(Provider(clock, [OK])))
+        finally:
+            await obs.stop()
+        texts.append((tmp_path / f"m-p{index}.prom").read_text())
+    assert not (tmp_path / "m.prom").exists()
+    series: list[set[tuple[str, tuple[tuple[str, str], ...]]]] = []
+    helps: list[dict[str, str]] = []
+    for index, text in enumerate(texts):
+        families = list(text_string_to_metric_families(text))
+        samples = [s for f in families for s in f.samples]
+        assert samples and all(s.labels.get("process") == str(index) for s in samples)
+        assert sum(s.value for s in samples if s.name == "mydata_calls_total") == 1
+        series.append({(s.name, tuple(sorted(s.labels.items()))) for s in samples})
+        helps.append({f.name: f.documentation for f in families})
+    assert not series[0] & series[1]
+    assert helps[0] == helps[1]
 
 
 async def test_every_minute_boundary_writes_the_rows_and_the_textfile(
