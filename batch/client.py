@@ -104,8 +104,13 @@ class Progress:
                    None if nxt is None else str(nxt))
 
 
-#: on_token(access_token, refresh_token): store a refreshed token pair now
-TokenSaver = Callable[[str, str | None], Awaitable[None]]
+#: on_token(access_token, refresh_token): store a refreshed token pair now; False means the
+#: consent is no longer to be called (revoked while its refresh ran): nothing was stored
+#: and no call goes out for it again (None or True: stored)
+TokenSaver = Callable[[str, str | None], Awaitable[bool | None]]
+
+#: the detail added to the 40101 a refresh ends on when its consent was revoked meanwhile
+REVOKED_MEANWHILE = "consent revoked during its refresh: not called again"
 #: a refresh token, or how to open it from its sealed form when it is first needed (only a
 #: 40101 needs it: most refreshes never do, and opening costs an AES-GCM decryption)
 RefreshToken = str | Callable[[], str | None] | None
@@ -479,7 +484,8 @@ class MydataClient:
             refreshed = await self._refresh_token(tokens, deadline=deadline)
             calls += refreshed[1]
             if refreshed[0].ok:
-                await _save(on_token, tokens)
+                if not await _save(on_token, tokens):  # revoked meanwhile: no retried call
+                    return out.with_(detail=REVOKED_MEANWHILE), calls
                 out = await self._chain.call(attempt, deadline=deadline)
             else:
                 out = refreshed[0]
@@ -625,17 +631,19 @@ class MydataClient:
         )
 
 
-async def _save(on_token: TokenSaver | None, tokens: _Tokens) -> None:
-    """Store a refreshed pair now; if that fails, the result carries it for the caller."""
+async def _save(on_token: TokenSaver | None, tokens: _Tokens) -> bool:
+    """Store a refreshed pair now; if that fails, the result carries it for the caller.
+    False: the saver said the consent is not to be called again (nothing stored)."""
     if on_token is None:
-        return
+        return True
     try:
-        await on_token(tokens.access, tokens.refresh)
+        stored = await on_token(tokens.access, tokens.refresh)
     except Exception as exc:  # the database may be down: the outcome write retries it
         log.warning("token save failed; kept for the outcome write", extra={
             "action": "token_save_failed", "error": describe(exc)})
-        return
+        return True
     tokens.changed = False
+    return stored is not False
 
 
 #: the longest response code taken as one (MYDATA.md's are five characters)

@@ -122,11 +122,12 @@ class MemoryWorkStore:
             c.lease_until = until
         return len(held)
 
-    async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime) -> int:
+    async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime
+                           ) -> set[int]:
         held = self._held(ids, worker)
         for c in held:
             c.started_at = c.started_at or at
-        return len(held)
+        return {c.id for c in held}
 
     async def apply(self, changes: Sequence[Change], *, run_id: str, worker: str,
                     day: date) -> None:
@@ -146,8 +147,12 @@ class MemoryWorkStore:
         self.dead_letters.extend(dead_letter_row(t) for t in held if isinstance(t, DeadLetter))
         self.outcomes.extend(outcome_row(t, run_id=run_id, day=day) for t in batch.transitions)
 
-    async def save_token(self, t: TokenRefreshed) -> None:
-        _set(self.consents[t.consent_id], token_changes(t))
+    async def save_token(self, t: TokenRefreshed) -> bool:
+        c = self.consents[t.consent_id]
+        if c.status == "revoked":  # its tokens stay erased (work.token_changes)
+            return False
+        _set(c, token_changes(t))
+        return True
 
     def open_access(self, claim: Claim) -> str:
         return claim.access_token

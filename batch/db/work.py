@@ -568,7 +568,12 @@ def consent_changes(t: Transition) -> dict[str, Any]:
 
 
 def token_changes(t: TokenRefreshed) -> dict[str, Any]:
-    """The token columns a refreshed pair sets (a pair without a refresh token keeps it)."""
+    """The token columns a refreshed pair sets (a pair without a refresh token keeps it).
+
+    Every store sets them on any holder's row (not lease-guarded: see TokenRefreshed) but
+    never on a revoked one: ``revoke`` may land while the consent's call is in flight, and
+    its tokens stay erased (a 40101 answered after it would otherwise seal a new pair into
+    the revoked row)."""
     out = {"access_token": t.access_token}
     if t.refresh_token is not None:
         out["refresh_token"] = t.refresh_token
@@ -715,7 +720,7 @@ def _apply_tx(conn: Connection, p: PreparedApply) -> None:
         conn.execute(_INSERT_DEAD_ASSETS, assets)
     if batch.tokens:
         _update_each(conn, [(t.consent_id, token_changes(t)) for t in batch.tokens],
-                     worker=None)
+                     worker=None, not_revoked=True)
     letters = [dead_letter_row(t) for t in held if isinstance(t, DeadLetter)]
     if letters:
         conn.execute(insert(dead_letters), letters)
@@ -729,15 +734,23 @@ _INSERT_DEAD_ASSETS = text(
 ).bindparams(bindparam("since", type_=UTCDateTime))
 
 
-async def save_token(engine: AsyncEngine, t: TokenRefreshed) -> None:
-    """Store a refreshed token pair now, in its own small transaction (before the retry)."""
-    await run_transaction(engine, _update_each, [(t.consent_id, token_changes(t))],
-                          worker=None)
+async def save_token(engine: AsyncEngine, t: TokenRefreshed) -> bool:
+    """Store a refreshed token pair now, in its own small transaction (before the retry),
+    unless the consent was revoked meanwhile (see :func:`token_changes`): False then."""
+    return await run_transaction(engine, _save_token_tx, t.consent_id, token_changes(t))
+
+
+def _save_token_tx(conn: Connection, consent_id: int, values: dict[str, Any]) -> bool:
+    c = consents.c
+    res = conn.execute(update(consents).where(c.id == consent_id, c.status != "revoked")
+                       .values(values))
+    return bool(res.rowcount)
 
 
 def _update_each(conn: Connection, rows: Sequence[tuple[int, dict[str, Any]]],
-                 *, worker: str | None) -> None:
-    """One executemany per set of columns; guarded by the lease when ``worker`` is given."""
+                 *, worker: str | None, not_revoked: bool = False) -> None:
+    """One executemany per set of columns; guarded by the lease when ``worker`` is given,
+    and ``not_revoked`` leaves a revoked consent's row as the revocation left it."""
     shapes: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
     for cid, values in rows:
         shapes[tuple(sorted(values))].append(
@@ -747,6 +760,8 @@ def _update_each(conn: Connection, rows: Sequence[tuple[int, dict[str, Any]]],
         stmt = update(consents).where(c.id == bindparam("b_id"))
         if worker is not None:
             stmt = stmt.where(c.lease_owner == worker)
+        if not_revoked:
+            stmt = stmt.where(c.status != "revoked")
         conn.execute(stmt.values({k: bindparam(f"b_{k}") for k in cols}), params)
 
 
@@ -781,12 +796,18 @@ class WorkStore(Protocol):
 
     async def extend(self, ids: Sequence[int], *, worker: str, until: datetime) -> int: ...
 
-    async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime) -> int: ...
+    async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime
+                           ) -> set[int]:
+        """Mark claims about to be called (:func:`mark_started`): the ids of ``ids`` marked,
+        those still leased by ``worker`` (not revoked, not taken by another worker)."""
+        ...
 
     async def apply(self, changes: Sequence[Change], *, run_id: str, worker: str,
                     day: date) -> None: ...
 
-    async def save_token(self, t: TokenRefreshed) -> None: ...
+    async def save_token(self, t: TokenRefreshed) -> bool:
+        """Store a refreshed pair now; False (nothing stored) if the consent is revoked."""
+        ...
 
     def open_access(self, claim: Claim) -> str:
         """The claim's access token in the clear; claims carry their tokens as stored.
@@ -953,17 +974,18 @@ class SqlWorkStore:
         async with self._turn():
             return await extend(self.engine, ids, worker=worker, until=until)
 
-    async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime) -> int:
+    async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime
+                           ) -> set[int]:
         """Returns once ``ids`` are marked (with everyone's marks of this turn)."""
         if not ids:
-            return 0
+            return set()
         done: asyncio.Future[dict[str, set[int]]] = (
             asyncio.get_running_loop().create_future())
         self._marks.append((list(ids), worker, at, done))
         if self._marking is None:
             self._marking = asyncio.create_task(self._mark_all(), name="start-marks")
         marked = (await asyncio.shield(done)).get(worker, set())
-        return sum(1 for i in ids if i in marked)
+        return {i for i in ids if i in marked}
 
     async def _mark_all(self) -> None:
         try:
@@ -998,10 +1020,10 @@ class SqlWorkStore:
         async with self._turn():
             await write_prepared(self.engine, prepared)
 
-    async def save_token(self, t: TokenRefreshed) -> None:
+    async def save_token(self, t: TokenRefreshed) -> bool:
         self.transactions["save_token"] += 1
         async with self._turn():
-            await save_token(self.engine, self._sealed(t))
+            return await save_token(self.engine, self._sealed(t))
 
     def open_access(self, c: Claim) -> str:
         """The claim's access token opened on its own row (consent and column), when its

@@ -506,17 +506,33 @@ class ProviderDispatcher:
 
     async def _mark(self, ids: list[int]) -> None:
         try:
-            await self._store.mark_started(ids, worker=self._settings.worker_id,
-                                           at=self._clock.now())
+            marked = await self._store.mark_started(ids, worker=self._settings.worker_id,
+                                                    at=self._clock.now())
         except Exception as exc:
             self.stats.claim_errors += 1
             log.warning("start mark failed; those claims wait", extra={
                 "action": "mark_failed", "org_code": self.org_code, "error": describe(exc)})
         else:
+            if len(marked) < len(ids):
+                self._lost([i for i in ids if i not in marked])
             # Starts take only marked claims, so these still follow the marked ones.
-            self._marked += len(ids)
+            self._marked += len(marked)
         finally:
             self._marking = None
+
+    def _lost(self, ids: list[int]) -> None:
+        """Claims the start mark found no longer ours: revoked since they were claimed (a
+        revoked consent is never called again), or leased by another worker that took
+        this one for dead (it calls them; two calls would be two transfers). Out of the
+        queue, never started, nothing written for them: the row is not ours to write."""
+        lost = set(ids)
+        keep = [c for c in self._queue if c.id not in lost]
+        self._queue.clear()
+        self._queue.extend(keep)
+        self._held.difference_update(lost)
+        self.stats.claims_lost += len(lost)
+        log.warning("claims no longer ours at their start mark: dropped", extra={
+            "action": "claims_lost", "org_code": self.org_code, "claims": len(lost)})
 
     async def _marked_now(self, owed: int) -> bool:
         """Wait for a start mark (rare: the background one keeps ahead); False if none."""

@@ -539,8 +539,9 @@ def _refresher(client: MydataClient, store: work.WorkStore
         except TokenKeyError as exc:  # this consent alone: dead-lettered, for the operator
             return _at_once(RefreshResult(Outcome(Kind.CLIENT, detail=str(exc)), calls=0))
 
-        async def save(access: str, refresh_token: str | None) -> None:
-            await store.save_token(TokenRefreshed.of(claim, access, refresh_token))
+        async def save(access: str, refresh_token: str | None) -> bool:
+            # False: revoked while its call was in flight (not stored, not called again)
+            return await store.save_token(TokenRefreshed.of(claim, access, refresh_token))
         # the refresh token opens only if a 40101 needs it (an AES-GCM decryption saved on
         # nearly every refresh); one that does not open fails its consent then, alone
         return client.refresh(

@@ -40,6 +40,9 @@ class ProviderStats:
     #: slices whose starts waited: as many refreshes under way as the provider can take
     busy_slices: int = 0
     claim_errors: int = 0
+    #: claims found no longer ours at their start mark (revoked, or the lease taken by
+    #: another worker that saw this one dead): dropped, never started
+    claims_lost: int = 0
     first_start: float | None = None
     last_finish: float | None = None
     minute_planned: int = 0
@@ -111,5 +114,6 @@ class ProviderStats:
             "planned_vs_started_error": round(err / planned_sum, 4) if planned_sum else 0.0,
             "skipped_breaker_open": self.skipped_breaker_open,
             "busy_slices": self.busy_slices,
+            "claims_lost": self.claims_lost,
             "breaker": self.breaker_state,
         }

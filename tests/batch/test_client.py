@@ -11,7 +11,7 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
-from batch.client import MydataClient, Progress, make_http_client
+from batch.client import REVOKED_MEANWHILE, MydataClient, Progress, make_http_client
 from batch.clock import FakeClock
 from batch.config import Institutions, Provider, parse_institutions
 from batch.lifecycle import error_line
@@ -409,6 +409,24 @@ async def test_a_refreshed_token_is_saved_before_the_retried_call() -> None:
     # saved after the token call (2 requests so far), before the retried list call
     assert saved == [("tok-NEW-456", "r2", 2)]
     assert res.new_access_token is None  # saved: nothing left for the caller to store
+
+
+async def test_a_consent_revoked_while_its_token_was_refreshed_gets_no_retried_call(
+) -> None:
+    """``revoke`` landed during the refresh: the store refuses the new pair (False) and
+    the consent is not called again; the refresh ends on the provider's 40101."""
+    handler, seen = fleet(items=1, expired=frozenset({"tok-OLD-123"}))
+    c, http = client(handler)
+
+    async def revoked(access: str, refresh: str | None) -> bool:
+        return False
+
+    res = await c.refresh(access_token="tok-OLD-123", refresh_token="r1", on_token=revoked)
+    await http.aclose()
+    assert len(seen) == 2 and res.calls == 2  # the list call's 40101, the token call
+    assert (res.outcome.kind, res.outcome.rsp_code) == (Kind.CONSENT, "40101")
+    assert res.outcome.detail == REVOKED_MEANWHILE
+    assert res.new_access_token is None  # nothing for the caller to store either
 
 
 async def test_a_token_pair_that_could_not_be_saved_comes_back_in_the_result() -> None:

@@ -89,7 +89,7 @@ async def test_start_marks_of_many_providers_in_one_statement(engine: AsyncEngin
         store.mark_started([c.id for c in claims], worker="w1", at=NOW),
         store.mark_started([c.id for c in others], worker="w2", at=NOW),
         store.mark_started([c.id for c in others], worker="w1", at=NOW))  # not w1's
-    assert counts == [2, 2, 0]
+    assert counts == [{c.id for c in claims}, {c.id for c in others}, set()]
     assert store.transactions["mark"] == 1
     async with engine.connect() as conn:
         marked = dict((await conn.execute(select(

@@ -21,6 +21,7 @@ from batch.crypto import stored_key_id
 from batch.db import schema
 from batch.db.engine import init_db, make_engine
 from batch.db.memory import MemoryConsent, MemoryWorkStore
+from batch.db.revocation import ERASED
 from batch.db.work import Claim, SqlWorkStore, WorkStore
 from batch.dispatch.policy import RetryPolicy
 from batch.lifecycle import (
@@ -413,11 +414,38 @@ async def test_a_refreshed_token_is_saved_on_its_own_even_without_the_lease(
     async def scenario(h: Harness) -> None:
         await h.seed(2)
         await h.claim("w1")
-        await h.store.save_token(TokenRefreshed(1, ORG, "user1", "access-1", "refresh-1"))
-        await h.store.save_token(TokenRefreshed(2, ORG, "user2", "access-2", None))  # no rotation
+        for t in (TokenRefreshed(1, ORG, "user1", "access-1", "refresh-1"),
+                  TokenRefreshed(2, ORG, "user2", "access-2", None)):  # 2: no rotation
+            assert await h.store.save_token(t) is True, h.name
 
     rows = await same_rows(harnesses, scenario)
     c = by_id(rows)
     assert (c[1]["access_token"], c[1]["refresh_token"]) == ("access-1", "refresh-1")
     assert (c[2]["access_token"], c[2]["refresh_token"]) == ("access-2", None)
     assert rows["outcomes"] == []
+
+
+async def test_a_token_refreshed_after_a_revocation_is_not_stored(
+    harnesses: list[Harness],
+) -> None:
+    """``revoke`` lands while the consent's call is in flight (claimed, started): its 40101
+    is answered after, and the refreshed pair (saved on its own, or in a flush) must not
+    be sealed into the revoked row, whose tokens the revocation erased."""
+    async def scenario(h: Harness) -> None:
+        await h.seed(3)
+        await h.claim("w1")
+        for cid in (1, 2):  # what `revoke` writes (batch/db/revocation.py)
+            await h.poke(cid, status="revoked", access_token=ERASED, refresh_token=None,
+                         lease_owner=None, lease_until=None, pending_items=None)
+        # False: the client makes no retried call (batch/client.py, REVOKED_MEANWHILE)
+        assert await h.store.save_token(
+            TokenRefreshed(1, ORG, "user1", "access-1", "refresh-1")) is False, h.name
+        await h.apply([TokenRefreshed(2, ORG, "user2", "access-2", "refresh-2"),
+                       TokenRefreshed(3, ORG, "user3", "access-3", "refresh-3")],
+                      worker="w1")
+
+    rows = await same_rows(harnesses, scenario)
+    c = by_id(rows)
+    assert [(c[i]["status"], c[i]["access_token"], c[i]["refresh_token"])
+            for i in (1, 2, 3)] == [("revoked", ERASED, None), ("revoked", ERASED, None),
+                                    ("active", "access-3", "refresh-3")]

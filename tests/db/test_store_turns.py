@@ -90,7 +90,7 @@ async def test_an_sqlite_transaction_runs_whole_in_one_thread_not_through_aiosql
     store = work.SqlWorkStore(engine, CIPHER)
     claims = await store.claim(ORG, worker="w1", week=WEEK, now=NOW, limit=10)
     ids = [c.id for c in claims]
-    assert await store.mark_started(ids[:5], worker="w1", at=NOW) == 5
+    assert await store.mark_started(ids[:5], worker="w1", at=NOW) == set(ids[:5])
     assert await store.extend(ids, worker="w1", until=NOW + timedelta(minutes=20)) == 10
     await store.apply(_done(ids[:5]), run_id="r", worker="w1", day=NOW.date())
     assert await store.release(ids[5:], worker="w1") == 5
@@ -121,7 +121,7 @@ async def test_a_start_mark_does_not_wait_while_a_write_is_made(
     write = asyncio.create_task(store.apply(_done(ids[:300]), run_id="r", worker="w1",
                                             day=NOW.date()))
     await asyncio.sleep(0)  # the write has begun making its rows
-    assert await store.mark_started(ids[300:], worker="w1", at=NOW) == 100
+    assert await store.mark_started(ids[300:], worker="w1", at=NOW) == set(ids[300:])
     await write
     assert heard.index("UPDATE consents SET started_at") < heard.index(
         "INSERT INTO call_outcomes")

@@ -304,7 +304,8 @@ class SlowMarkStore(MemoryWorkStore):
         self.marks: list[int] = []
         self.clock: FakeClock | None = None
 
-    async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime) -> int:
+    async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime
+                           ) -> set[int]:
         self.marks.append(len(ids))
         assert self.clock is not None
         await self.clock.sleep(0.25)
@@ -337,6 +338,46 @@ async def test_a_claim_is_marked_started_before_its_call_and_a_queued_one_never_
     assert len(store.marks) <= 3600 // 50 and sum(store.marks) >= 3600
     # Released claims carry no start mark: after a crash they would be plainly due.
     assert all(c.started_at is None for c in store.consents.values())
+
+
+class RevokingStore(MemoryWorkStore):
+    """Consents revoked (or their leases taken by another worker) after they were
+    claimed, before their start mark: what ``revoke`` or a worker that saw this one dead
+    writes between the two."""
+
+    def __init__(self, gone: set[int], taken: set[int]) -> None:
+        super().__init__()
+        self.gone, self.taken = gone, taken
+
+    async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime
+                           ) -> set[int]:
+        for i in ids:
+            c = self.consents[i]
+            if i in self.gone and c.status == "active":
+                c.status, c.access_token, c.lease_owner, c.lease_until = (
+                    "revoked", "", None, None)
+            elif i in self.taken and c.lease_owner == worker:
+                c.lease_owner = "w2"
+        return await super().mark_started(ids, worker=worker, at=at)
+
+
+async def test_claims_no_longer_ours_at_their_start_mark_are_never_started() -> None:
+    """A consent revoked while it sat in the queue is never called (revoked: never called
+    again), nor one whose lease another worker took (it calls it: two transfers). The
+    minute's count is made up from the rest of the queue."""
+    gone, taken = {3, 40, 41}, {7, 90}
+    store = RevokingStore(gone, taken)
+    clock, _, d, writer, starts = _setup(200, {60: 120}, store=store)
+    await _run(clock, d, writer, 150)
+    started = {cid for _, cid in starts}
+    assert not started & (gone | taken)
+    assert len(starts) == 120 and d.stats.claims_lost == 5
+    assert d.stats.summary()["claims_lost"] == 5
+    assert {(i, store.consents[i].status, store.consents[i].lease_owner)
+            for i in gone | taken} == {(3, "revoked", None), (40, "revoked", None),
+                                       (41, "revoked", None), (7, "active", "w2"),
+                                       (90, "active", "w2")}
+    assert not {o["consent_id"] for o in store.outcomes} & (gone | taken)
 
 
 async def test_a_consent_that_failed_four_times_last_week_is_not_dead_lettered_this_week(
@@ -505,7 +546,8 @@ class FailingMarkStore(MemoryWorkStore):
         super().__init__()
         self.ok = ok
 
-    async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime) -> int:
+    async def mark_started(self, ids: Sequence[int], *, worker: str, at: datetime
+                           ) -> set[int]:
         if self.ok <= 0:
             raise ConnectionError("database gone")
         self.ok -= 1
