@@ -98,10 +98,16 @@ async def saturated_day(url: str, insts_path: Path, per_provider: int,
 @contextmanager
 def bench_database(backend: str, tmp: Path) -> Iterator[str]:
     """A new database for one run, its URL: an SQLite file in ``tmp``, or a PostgreSQL
-    database on the test server (``MYDATA_TEST_PG_URL``), dropped after."""
+    database on the test server (``MYDATA_TEST_PG_URL``), dropped after (the file too: a
+    saturated minute leaves some 100 MB)."""
     name = f"mydata_p_{uuid.uuid4().hex[:12]}"
     if backend == "sqlite":
-        yield f"sqlite+aiosqlite:///{tmp / name}.db"
+        db = tmp / f"{name}.db"
+        try:
+            yield f"sqlite+aiosqlite:///{db}"
+        finally:
+            for f in (db, db.with_name(f"{db.name}-wal"), db.with_name(f"{db.name}-shm")):
+                f.unlink(missing_ok=True)
         return
     asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
     try:
@@ -114,15 +120,17 @@ def bench_database(backend: str, tmp: Path) -> Iterator[str]:
 def simulated_day(backend: str, prefix: str) -> Iterator[tuple[Path, str]]:
     """The dispatch bench's providers served by the simulator (its own process, answering
     at once) and a new database of ``backend`` (:func:`bench_database`), for one
-    :func:`saturated_day`: the institutions file and the database URL."""
-    tmp = Path(tempfile.mkdtemp(prefix=prefix))
-    path = tmp / "institutions.toml"
-    path.write_text(_institutions_toml(free_ports(PROVIDERS)))
-    scen = tmp / "scenario.toml"
-    scen.write_text(SCENARIO)
-    with bench_database(backend, tmp) as url, \
-            SimulatorProcess(path, scenario_path=scen, window_override=["0000:2359"]):
-        yield path, url
+    :func:`saturated_day`: the institutions file and the database URL, in a temporary
+    directory removed after."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as where:
+        tmp = Path(where)
+        path = tmp / "institutions.toml"
+        path.write_text(_institutions_toml(free_ports(PROVIDERS)))
+        scen = tmp / "scenario.toml"
+        scen.write_text(SCENARIO)
+        with bench_database(backend, tmp) as url, \
+                SimulatorProcess(path, scenario_path=scen, window_override=["0000:2359"]):
+            yield path, url
 
 
 def refreshes_per_provider(rate: float) -> int:
