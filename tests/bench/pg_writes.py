@@ -23,7 +23,6 @@ and 10.0 us; the statements 52 bytes a call in all.
 
 from __future__ import annotations
 
-import asyncio
 import asyncio.selector_events as selector_events
 import os
 import time
@@ -35,7 +34,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
-from tests.bench.profile_dispatch import refreshes_per_provider, saturated_day, simulated_day
+from tests.bench.profile_dispatch import simulated_run
 from tests.bench.sqlite_statements import statement_key
 
 #: per statement: [statements, bytes]
@@ -89,12 +88,9 @@ def _counting() -> Iterator[None]:
 
 
 def main() -> None:
-    rate = float(os.environ.get("PROFILE_RATE", "3000"))
     top = int(os.environ.get("PROFILE_TOP", "12"))
     _instrument()
-    with simulated_day("postgresql", "mydata-pg-writes-") as (path, url):
-        seconds, calls, cpu, _ = asyncio.run(saturated_day(
-            url, path, refreshes_per_provider(rate), _counting()))
+    seconds, calls, cpu, _ = simulated_run("postgresql", "mydata-pg-writes-", _counting())
     calls = max(calls, 1)
     print(f"== what a saturated run_day on PostgreSQL sends: {calls:,} calls in {seconds:.1f} s, "
           f"this process {1e6 * cpu / calls:.0f} us of CPU a call ==")

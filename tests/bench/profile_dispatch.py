@@ -133,6 +133,16 @@ def simulated_day(backend: str, prefix: str) -> Iterator[tuple[Path, str]]:
             yield path, url
 
 
+def simulated_run(backend: str, prefix: str,
+                  during: AbstractContextManager[object]) -> DayFigures:
+    """One :func:`saturated_day` at ``PROFILE_RATE`` calls/s offered (default 3,000) on a
+    :func:`simulated_day` of ``backend``, inside ``during``: what the bench scripts that
+    instrument a run (``pg_writes``, ``sqlite_statements``) measure."""
+    rate = float(os.environ.get("PROFILE_RATE", "3000"))
+    with simulated_day(backend, prefix) as (path, url):
+        return asyncio.run(saturated_day(url, path, refreshes_per_provider(rate), during))
+
+
 def refreshes_per_provider(rate: float) -> int:
     """The refreshes a provider of the dispatch bench's is planned in the one minute, for
     ``rate`` calls/s offered in all."""

@@ -15,7 +15,6 @@ and the statements' CPU a call in all and per statement, busiest first.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 import time
@@ -30,7 +29,7 @@ from sqlalchemy.engine import Engine
 
 from batch.db import engine as engine_module
 from batch.db import work
-from tests.bench.profile_dispatch import refreshes_per_provider, saturated_day, simulated_day
+from tests.bench.profile_dispatch import simulated_run
 
 #: per statement (or driver method): [operations, thread CPU seconds]
 _THREAD: defaultdict[str, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -126,13 +125,10 @@ def _counting() -> Iterator[None]:
 
 
 def main() -> None:
-    rate = float(os.environ.get("PROFILE_RATE", "3000"))
     top = int(os.environ.get("PROFILE_TOP", "15"))
     _instrument()
     _instrument_store_thread()
-    with simulated_day("sqlite", "mydata-sqlite-statements-") as (path, url):
-        _, calls, cpu, _ = asyncio.run(saturated_day(
-            url, path, refreshes_per_provider(rate), _counting()))
+    _, calls, cpu, _ = simulated_run("sqlite", "mydata-sqlite-statements-", _counting())
     calls = max(calls, 1)
     wall = sorted(_WALL) or [0.0]
     thread = sum(t for _, t in _THREAD.values())
