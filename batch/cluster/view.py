@@ -8,6 +8,7 @@ hands, not deferred), and re-judges its status and exit code from that.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import date, datetime
 from typing import Any
@@ -17,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.db import schema
 from batch.db.engine import connect
+from batch.db.work import still_due
 from batch.dispatch.summary import ProviderSummary, RunSummary
 from batch.lifecycle import Step
 
@@ -46,9 +48,12 @@ async def tally(engine: AsyncEngine, *, day: date, me: str
 
 
 def cluster_view(summary: RunSummary, *, attempted: dict[str, int], held: dict[str, int],
-                 report: dict[str, Any], others_live: int = 0) -> RunSummary:
+                 report: dict[str, Any], others_live: int = 0,
+                 due: Mapping[str, int] | None = None) -> RunSummary:
     """``summary`` with each provider's ``deferred`` counted cluster-wide, its ``cluster``
-    report, and the status and exit code judged again (pure).
+    report, and the status and exit code judged again (pure). ``due``: per provider, its
+    consents still due that no other worker holds (:func:`batch.db.work.still_due`, counted
+    up to what the day leaves); what the day leaves beyond them is ``no_longer_due``.
 
     With ``others_live`` workers still running (this one is marked stopped already), what
     nobody holds and nobody attempted is theirs to claim (a dead worker's claims just come
@@ -58,13 +63,18 @@ def cluster_view(summary: RunSummary, *, attempted: dict[str, int], held: dict[s
     for p in summary.providers:
         left = max(0, p.counters["planned"] - attempted.get(p.org_code, 0)
                    - held.get(p.org_code, 0))
+        extra = dict(p.extra)
+        if due is not None:  # the rest revoked, or refreshed by another run, meanwhile
+            still = min(left, due.get(p.org_code, 0))
+            extra["no_longer_due"] = left - still
+            left = still
         deferred = min(p.counters["deferred"], left)
         rep = report
         if others_live and deferred:
             rep = {**report, "left_to_live_workers": deferred, "others_live": others_live}
             deferred = 0
         provs.append(replace(p, counters={**p.counters, "deferred": deferred},
-                             extra={**p.extra, "cluster": rep}))
+                             extra={**extra, "cluster": rep}))
     attention = any(p.attention for p in provs) or not summary.outcomes_persisted
     if summary.exit_code == EXIT_INTERRUPTED or summary.status in ("interrupted", "failed"):
         return replace(summary, providers=tuple(provs))
@@ -79,5 +89,9 @@ async def seen_cluster_wide(engine: AsyncEngine, summary: RunSummary, *, day: da
 
     attempted, held = await tally(engine, day=day, me=me)
     others = [w for w in await live_workers(engine, now=now) if w.worker_id != me]
+    bounds = {p.org_code: p.counters["planned"] - attempted.get(p.org_code, 0)
+              - held.get(p.org_code, 0) for p in summary.providers}
+    due = await still_due(engine, week=date.fromisoformat(summary.week_start), bounds=bounds,
+                          holder=me)
     return cluster_view(summary, attempted=attempted, held=held, report=report,
-                        others_live=len(others))
+                        others_live=len(others), due=due)

@@ -28,7 +28,7 @@ import contextlib
 import json
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from operator import attrgetter
@@ -42,6 +42,7 @@ from sqlalchemy import (
     bindparam,
     func,
     insert,
+    or_,
     select,
     text,
     update,
@@ -52,7 +53,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from batch.client import Progress
 from batch.crypto import ACCESS_TOKEN, REFRESH_TOKEN, TokenCipher, TokenColumn, TokenKeyError
 from batch.db import bulk
-from batch.db.engine import run_transaction
+from batch.db.engine import connect, run_transaction
 from batch.db.handoff import GilHandoff
 from batch.db.schema import (
     UTCDateTime,
@@ -777,6 +778,32 @@ async def attempted_today(engine: AsyncEngine, *, day: date) -> dict[str, int]:
             .group_by(co.org_code)
         )).all()
     return {str(org).strip(): int(n) for org, n in rows}
+
+
+async def still_due(engine: AsyncEngine, *, week: date, bounds: Mapping[str, int],
+                    holder: str | None = None) -> dict[str, int]:
+    """Per provider of ``bounds``: its consents still due in ``week`` (active, due that week
+    or before: waiting out a retry or leased counts too), counted up to its bound.
+
+    What a run leaves of its day's quota is deferred only while that many are still due: a
+    revoke, or another run's refreshes, can leave fewer. Each count walks the due index and
+    stops at its bound (a bounded count on 10M consents costs what the bound does).
+    ``holder``: leave out consents leased by any other worker (the cluster counts those as in
+    their hands)."""
+    c = consents.c
+    out: dict[str, int] = {}
+    async with connect(engine) as conn:
+        for org, bound in bounds.items():
+            if bound <= 0:
+                continue
+            due = (select(c.id).where(c.org_code == org, c.status == "active",
+                                      c.due_week <= week))
+            if holder is not None:
+                due = due.where(or_(c.lease_owner.is_(None), c.lease_owner == holder))
+            n = (await conn.execute(
+                select(func.count()).select_from(due.limit(bound).subquery()))).scalar_one()
+            out[org] = int(n)
+    return out
 
 
 class WorkStore(Protocol):

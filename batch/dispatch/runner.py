@@ -21,11 +21,11 @@ import signal
 import socket
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from functools import partial
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import httpx
 from sqlalchemy import insert, update
@@ -430,11 +430,38 @@ async def execute(pieces: Pieces, options: RunOptions, *, clock: Clock, day: dat
                      elapsed=clock.monotonic() - t0)
 
 
+def _capped(stats: dict[str, Any], due: Mapping[str, int] | None) -> dict[str, Any]:
+    """``deferred`` no more than the provider's consents still due (:func:`leftover_due`):
+    the rest of the day's quota was revoked, or refreshed by another run, meanwhile."""
+    if due is None:
+        return stats
+    left = stats["deferred"]
+    deferred = min(left, due.get(stats["org_code"], 0))
+    return {**stats, "deferred": deferred, "no_longer_due": left - deferred}
+
+
+async def leftover_due(engine: AsyncEngine, pieces: Pieces, *, week: date
+                       ) -> dict[str, int] | None:
+    """Per provider that leaves part of its day's quota: its consents still due, up to that
+    part (None if the database cannot say: nothing is capped then)."""
+    bounds = {d.org_code: d.stats.summary()["deferred"] for d in pieces.dispatchers}
+    if not any(bounds.values()):
+        return {}
+    try:
+        return await work.still_due(engine, week=week, bounds=bounds)
+    except Exception as exc:
+        log.warning("could not count the consents still due; deferred counts all the day's "
+                    "quota left", extra={"action": "still_due_failed", "error": describe(exc)})
+        return None
+
+
 def summarize(inputs: RunInputs, plans: DayPlans, pieces: Pieces, done: Execution,
-              options: RunOptions) -> RunSummary:
-    """The typed end-of-run summary, from each dispatcher's stats and chain."""
+              options: RunOptions, due: Mapping[str, int] | None = None) -> RunSummary:
+    """The typed end-of-run summary, from each dispatcher's stats and chain; ``due`` (if
+    known) caps each provider's ``deferred`` (:func:`leftover_due`)."""
     provs = tuple(ProviderSummary.from_stats(
-        {**d.stats.summary(), "unplaceable_this_week": plans.unplaceable.get(d.org_code, 0)},
+        {**_capped(d.stats.summary(), due),
+         "unplaceable_this_week": plans.unplaceable.get(d.org_code, 0)},
         chain=pieces.chains[d.org_code].snapshot()) for d in pieces.dispatchers)
     attention = any(p.attention for p in provs) or not done.persisted
     exit_code = (EXIT_INTERRUPTED if done.interrupted else EXIT_ATTENTION if attention
@@ -518,7 +545,8 @@ async def run_day(
                                        "error": reason})
         await close_failed(engine, run_id, reason, clock=clock)
         raise
-    summary = summarize(inputs, plans, pieces, done, options)
+    due = await leftover_due(engine, pieces, week=inputs.week)
+    summary = summarize(inputs, plans, pieces, done, options, due)
     await record(engine, summary, clock=clock)
     await pieces.obs.close()  # the gauges re-read (this run's status), the last textfile
     _step("record", run_id, status=summary.status, exit_code=summary.exit_code)

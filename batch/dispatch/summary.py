@@ -277,6 +277,11 @@ def format_summary(summary: RunSummary) -> str:
     t = summary.totals
     out.append("-" * len(head))
     out.append(f"{'total':<10}  " + "  ".join(f"{t[k]:>{w},}" for _, k, w in _COLUMNS[1:]))
+    gone = [(p.org_code, n) for p in summary.providers
+            if isinstance(n := p.extra.get("no_longer_due"), int) and n > 0]
+    if gone:
+        out.append("of today's quota no longer due (revoked, or refreshed by another run, "
+                   "meanwhile; not deferred): " + ", ".join(f"{o} {n:,}" for o, n in gone))
     missing = [(p.org_code, p.counters["unplaceable_this_week"]) for p in summary.providers
                if p.counters["unplaceable_this_week"]]
     if missing:

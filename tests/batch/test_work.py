@@ -152,3 +152,33 @@ async def test_the_cluster_tally_reads_attempted_and_held_by_others_together(
     assert attempted == {"BANK000001": 1}
     assert held == {"BANK000001": 2}  # w2's two still leased; mine is not "another's"
     assert mine
+
+
+async def test_still_due_counts_active_consents_of_the_week_up_to_each_bound(
+    engine: AsyncEngine,
+) -> None:
+    from batch.db.revocation import revoke
+
+    await _seed(engine, 8)
+    async with engine.begin() as conn:  # one not due before next week: done for this one
+        await conn.execute(schema.consents.update().where(schema.consents.c.user_id == "u7")
+                           .values(due_week=WEEK + timedelta(days=7)))
+    held = await work.claim(engine, "BANK000001", worker="w2", week=WEEK, now=NOW, limit=2)
+    assert [c.user_id for c in held] == ["u0", "u1"]
+    async with engine.connect() as conn:
+        u2 = (await conn.execute(select(schema.consents.c.id).where(
+            schema.consents.c.user_id == "u2"))).scalar_one()
+    assert (await revoke(engine, now=NOW, ids=[u2])).revoked == 1
+    # u0..u6 less u2 revoked: 6 due (u0 and u1 leased by w2 among them)
+    assert await work.still_due(engine, week=WEEK, bounds={"BANK000001": 100}) == {
+        "BANK000001": 6}
+    assert await work.still_due(engine, week=WEEK, bounds={"BANK000001": 4}) == {
+        "BANK000001": 4}
+    assert await work.still_due(engine, week=WEEK, bounds={"BANK000001": 100},
+                                holder="me") == {"BANK000001": 4}
+    assert await work.still_due(engine, week=WEEK, bounds={"BANK000001": 100},
+                                holder="w2") == {"BANK000001": 6}
+    # nothing asked of a provider with no bound; an unknown provider has none due
+    assert await work.still_due(engine, week=WEEK,
+                                bounds={"BANK000001": 0, "CARD000009": 5}) == {
+        "CARD000009": 0}

@@ -466,6 +466,28 @@ def test_deferred_is_judged_cluster_wide_at_a_workers_end() -> None:
     assert p.extra["cluster"] == {"left_to_live_workers": 10, "others_live": 2}
 
 
+def test_deferred_cluster_wide_is_no_more_than_what_is_still_due() -> None:
+    s = _run("r1", 1, _prov("BANK000001", planned=100, attempted=30, succeeded=30,
+                            deferred=70), status="incomplete")
+    # 10 left by the count, but 7 of them revoked meanwhile: 3 are still due
+    capped = cluster_view(s, attempted={"BANK000001": 90}, held={}, report={},
+                          due={"BANK000001": 3})
+    p = capped.provider("BANK000001")
+    assert (p.counters["deferred"], p.extra["no_longer_due"]) == (3, 7)
+    # all 10 revoked: not deferred, and the day is done; a provider the count did not
+    # ask about (nothing left of its day) has none still due
+    gone = cluster_view(s, attempted={"BANK000001": 90}, held={}, report={}, due={})
+    p = gone.provider("BANK000001")
+    assert (p.counters["deferred"], p.extra["no_longer_due"]) == (0, 10)
+    assert (gone.exit_code, gone.status) == (0, "done")
+    # still due but in the hands of live workers: theirs, and none of it gone
+    theirs = cluster_view(s, attempted={"BANK000001": 90}, held={}, report={},
+                          due={"BANK000001": 10}, others_live=1)
+    p = theirs.provider("BANK000001")
+    assert (p.counters["deferred"], p.extra["no_longer_due"]) == (0, 0)
+    assert p.extra["cluster"]["left_to_live_workers"] == 10
+
+
 def test_scripts_refuse_a_bad_speed() -> None:
     with pytest.raises(ValueError):
         Scripts(None, speed=0)  # type: ignore[arg-type]

@@ -375,6 +375,35 @@ async def test_a_run_whose_week_plan_cannot_place_consents_needs_attention(
     assert "cannot place (they miss their week): BANK000000 12" in format_summary(res.summary)
 
 
+async def test_the_quota_left_is_deferred_only_while_that_many_are_still_due(
+    engine: AsyncEngine,
+) -> None:
+    # planned at 00:05; run at 07:00, the day's window (00:00-06:00) over: the whole day's
+    # quota is left
+    from batch.db.revocation import revoke
+    from batch.dispatch.summary import format_summary
+
+    await _saved_plan(engine, '["0000:0600"]', when=AFTER_WINDOW - timedelta(hours=6, minutes=55))
+    (p,) = (s := await _run(engine)).providers  # type: ignore[attr-defined]
+    quota = p.count("planned")
+    assert quota > 3 and (p.count("deferred"), p.extra["no_longer_due"]) == (quota, 0)
+    assert (s.exit_code, s.status) == (1, "incomplete")
+    async with engine.connect() as conn:
+        ids = sorted((await conn.execute(select(schema.consents.c.id))).scalars().all())
+    # all but 3 revoked since the plan was made: 3 are deferred, the rest no longer due
+    await revoke(engine, now=AFTER_WINDOW, ids=ids[3:])
+    (p,) = (s := await _run(engine)).providers  # type: ignore[attr-defined]
+    assert (p.count("deferred"), p.extra["no_longer_due"]) == (3, quota - 3)
+    assert (s.exit_code, s.status) == (1, "incomplete")
+    assert f"no longer due (revoked, or refreshed by another run, meanwhile; not " \
+           f"deferred): {p.org_code} {quota - 3}" in format_summary(s)
+    # all revoked: nothing deferred, and the day is done
+    await revoke(engine, now=AFTER_WINDOW, ids=ids[:3])
+    (p,) = (s := await _run(engine)).providers  # type: ignore[attr-defined]
+    assert (p.count("deferred"), p.extra["no_longer_due"]) == (0, quota)
+    assert (s.exit_code, s.status) == (0, "done")
+
+
 def test_the_heap_made_before_dispatching_is_frozen_and_thawed_after() -> None:
     import gc
 
