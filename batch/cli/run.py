@@ -67,6 +67,9 @@ if TYPE_CHECKING:
 @click.option("--process-index", type=click.IntRange(0, 63), default=None, hidden=True,
               help="Set by --processes on each worker it starts: its metrics port, textfile "
                    "and `process` label (ObserveOptions.for_process).")
+@click.option("--run-id", default=None, hidden=True,
+              help="Set by --processes on each worker it starts, so that the parent can read "
+                   "a worker's work back from the database if it dies without a summary.")
 @click.pass_obj
 def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ...],
             as_json: bool, lease_seconds: int, grace_seconds: float, progress: str,
@@ -74,7 +77,7 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
             metrics_port: int | None, metrics_textfile: Path | None,
             concurrency: int | None, processes: int,
             heartbeat_seconds: float, dead_after_seconds: float,
-            cluster_namespace: str, process_index: int | None) -> None:
+            cluster_namespace: str, process_index: int | None, run_id: str | None) -> None:
     """Run today's plan inside the providers' windows, then print the summary.
 
     Exit codes: 0 the day's work is done; 1 work left undone or failures an operator must
@@ -103,7 +106,7 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
 
         run_async(check_redis(redis_url))  # one line and exit 2 when it is not there
     if processes > 1:
-        _run_processes(processes, worker_id, as_json)
+        _run_processes(processes, worker_id, as_json, settings.db_url)
     from batch.db.engine import make_engine
     from batch.dispatch.runner import RunOptions, run_day
     from batch.logs import setup_logging
@@ -111,6 +114,8 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
     kwargs: dict[str, object] = {}
     if worker_id:
         kwargs["worker_id"] = worker_id
+    if run_id:
+        kwargs["run_id"] = run_id
     options = RunOptions(
         window_override=tuple(windows) or None, only=tuple(only),
         lease=timedelta(seconds=lease_seconds), grace_seconds=grace_seconds,
@@ -203,12 +208,13 @@ async def _cluster_wide(engine: AsyncEngine, summary: RunSummary, report: dict[s
     return out
 
 
-def _run_processes(n: int, worker_id: str | None, as_json: bool) -> NoReturn:
+def _run_processes(n: int, worker_id: str | None, as_json: bool, db_url: str) -> NoReturn:
     import socket
 
     from batch.cluster.processes import run_children
 
     summary, code = run_children(sys.argv[1:], n,
-                                 worker_id=worker_id or f"{socket.gethostname()}-{os.getpid()}")
+                                 worker_id=worker_id or f"{socket.gethostname()}-{os.getpid()}",
+                                 db_url=db_url)
     _print(summary, as_json)
     sys.exit(code)

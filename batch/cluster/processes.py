@@ -12,6 +12,7 @@ import logging
 import signal
 import subprocess
 import sys
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
@@ -114,10 +115,12 @@ def _ended(code: int) -> str:
     return f"exited {code}"
 
 
-def child_argv(argv: Sequence[str], index: int, worker_id: str) -> list[str]:
+def child_argv(argv: Sequence[str], index: int, worker_id: str,
+               run_id: str | None = None) -> list[str]:
     """The parent's arguments for child ``index``: without --processes (and its value),
     with --json, its own --worker-id and its --process-index (its metrics port, textfile
-    and label: ``ObserveOptions.for_process``)."""
+    and label: ``ObserveOptions.for_process``), and ``run_id`` as its --run-id if given
+    (its work can be read back if it dies: batch/cluster/readback.py)."""
     out: list[str] = []
     skip = False
     for a in argv:
@@ -132,13 +135,17 @@ def child_argv(argv: Sequence[str], index: int, worker_id: str) -> list[str]:
         out.append(a)
     if "--json" not in out:
         out.append("--json")
-    return [*out, "--worker-id", f"{worker_id}-p{index}", "--process-index", str(index)]
+    out += ["--worker-id", f"{worker_id}-p{index}", "--process-index", str(index)]
+    return [*out, "--run-id", run_id] if run_id else out
 
 
-def run_children(argv: Sequence[str], n: int, *, worker_id: str) -> tuple[RunSummary, int]:
-    """Start ``n`` children, forward SIGTERM/SIGINT, merge what they print."""
-    procs = [subprocess.Popen([sys.executable, "-m", "batch.cli", *child_argv(argv, i,
-                                                                             worker_id)],
+def run_children(argv: Sequence[str], n: int, *, worker_id: str, db_url: str | None = None
+                 ) -> tuple[RunSummary, int]:
+    """Start ``n`` children, forward SIGTERM/SIGINT, merge what they print; a child that
+    prints no summary has its work read back from ``db_url`` (if given) and merged too."""
+    run_ids = [uuid.uuid4().hex[:16] for _ in range(n)]
+    procs = [subprocess.Popen([sys.executable, "-m", "batch.cli",
+                               *child_argv(argv, i, worker_id, run_ids[i])],
                               stdout=subprocess.PIPE) for i in range(n)]
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -154,17 +161,58 @@ def run_children(argv: Sequence[str], n: int, *, worker_id: str) -> tuple[RunSum
             signal.signal(s, h)
     codes = [p.returncode for p in procs]
     parts: list[RunSummary] = []
-    for i, (out, code) in enumerate(zip(outs, codes, strict=True)):
+    silent: list[int] = []
+    for i, out in enumerate(outs):
         try:
             parts.append(RunSummary.from_json(json.loads(out.decode().strip().splitlines()[-1])))
         except (ValueError, IndexError, SummaryError):
-            child = f"{worker_id}-p{i}"
-            log.error("worker process %s %s and printed no summary: the merged one leaves "
-                      "its work out (its outcomes written are in the database; its claims "
-                      "are due again once a live worker sees it dead, or at the lease's end)",
-                      child, _ended(code), extra={
-                          "action": "worker_process_failed", "index": i, "exit_code": code,
-                          "worker": child})
+            silent.append(i)
+    if silent:
+        parts += _read_back(db_url, [(f"{worker_id}-p{i}", run_ids[i], codes[i], i)
+                                     for i in silent])
     if not parts:
         raise SummaryError(f"no worker process printed a summary (exit codes {codes})")
     return merge_summaries(parts, worker_id=worker_id, codes=codes), worst_exit(codes)
+
+
+def _read_back(db_url: str | None, silent: Sequence[tuple[str, str, int, int]]
+               ) -> list[RunSummary]:
+    """The work of the children that printed no summary, as the database holds it (one
+    error line each, saying whether it could be read back)."""
+    import asyncio
+
+    from batch.cluster.readback import read_back
+    from batch.db.engine import make_engine
+
+    async def go() -> list[RunSummary | BaseException | None]:
+        engine = make_engine(db_url)  # type: ignore[arg-type]
+        try:
+            return list(await asyncio.gather(*(
+                read_back(engine, run_id, worker=child, ended=_ended(code))
+                for child, run_id, code, _ in silent), return_exceptions=True))
+        finally:
+            await engine.dispose()
+
+    try:
+        got: list[RunSummary | BaseException | None] = (
+            asyncio.run(go()) if db_url else [None] * len(silent))
+    except Exception as exc:  # the database itself: nothing read back
+        got = [exc] * len(silent)
+    parts: list[RunSummary] = []
+    for (child, run_id, code, i), back in zip(silent, got, strict=True):
+        if isinstance(back, RunSummary):
+            parts.append(back)
+            how = (f"its work ({sum(p.counters['attempted'] for p in back.providers):,} "
+                   f"attempted) read back from the database (run {run_id}) into the merged "
+                   "summary")
+        elif back is None:
+            how = (f"no run {run_id} in the database: it did no work"
+                   if db_url else "the merged one leaves its work out")
+        else:
+            how = f"its work could not be read back ({back}): the merged one leaves it out"
+        log.error("worker process %s %s and printed no summary: %s (its claims are due again "
+                  "once a live worker sees it dead, or at the lease's end)", child,
+                  _ended(code), how, extra={
+                      "action": "worker_process_failed", "index": i, "exit_code": code,
+                      "worker": child, "run_id": run_id})
+    return parts
