@@ -266,7 +266,10 @@ def format_summary(summary: RunSummary) -> str:
     if summary.replanned:
         out.append(f"re-planned at start: {summary.replanned}")
     if summary.error:
-        out.append(f"failed: {summary.error}")
+        # a run that failed says why; a merged one that did not, what an operator must see
+        # (a worker process that died: batch/cluster/processes.py)
+        out.append(f"{'failed' if summary.status == 'failed' else 'attention'}: "
+                   f"{summary.error}")
     out += [head, "-" * len(head)]
     for p in summary.providers:
         cells = [f"{p.org_code:<{_COLUMNS[0][2]}}"]

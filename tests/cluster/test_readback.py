@@ -98,6 +98,9 @@ async def test_a_dead_workers_run_is_counted_again_from_its_outcomes(
             p.counters["calls"]) == (10, 8, 0, 17)
     assert p.breaker == "cluster_closed" and len(p.extra["workers"]) == 2
     assert (m.status, m.exit_code, m.run_id) == ("incomplete", 1, "live-run+dead-run")
+    from batch.dispatch.summary import format_summary
+    assert "\nattention: worker process box-p1 was killed by SIGKILL: its work read back" \
+        in format_summary(m)
 
 
 async def test_a_stored_summary_is_read_back_whole_and_a_run_never_opened_is_none(
