@@ -68,6 +68,9 @@ def _merge_provider(parts: Sequence[ProviderSummary]) -> ProviderSummary:
         for k, v in p.extra.items():
             if k == "cluster":
                 extra.setdefault("workers", []).append(v)
+            elif k == "no_longer_due" and isinstance(v, int):
+                # judged cluster-wide by each at its end: the last to stop saw the most
+                extra[k] = max(v, extra.get(k, 0))
             else:
                 extra.setdefault(k, v)
     return ProviderSummary(

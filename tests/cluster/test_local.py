@@ -486,6 +486,11 @@ def test_deferred_cluster_wide_is_no_more_than_what_is_still_due() -> None:
     p = theirs.provider("BANK000001")
     assert (p.counters["deferred"], p.extra["no_longer_due"]) == (0, 0)
     assert p.extra["cluster"]["left_to_live_workers"] == 10
+    # merged: the worker that stopped last saw the most of it gone
+    first, last = (replace(s, providers=(replace(
+        s.providers[0], extra={"no_longer_due": n}),)) for n in (0, 7))
+    merged = merge_summaries([first, last], worker_id="h").provider("BANK000001")
+    assert merged.extra["no_longer_due"] == 7
 
 
 def test_scripts_refuse_a_bad_speed() -> None:
