@@ -95,6 +95,9 @@ class RunTotals:
     failed: int
     deferred: int
     dead_lettered: int
+    #: the day's quota a run left that was revoked, or refreshed by another run, meanwhile
+    #: (not deferred: the summary's ``no_longer_due``)
+    no_longer_due: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,12 +213,15 @@ def parse_run_totals(summary: str | None) -> RunTotals | None:
     if not summary:
         return None
     try:
-        t = RunSummary.from_json(summary).totals
+        run = RunSummary.from_json(summary)
     except SummaryError:
         return None
+    t = run.totals
+    gone = sum(n for p in run.providers
+               if isinstance(n := p.extra.get("no_longer_due"), int) and n > 0)
     return RunTotals(planned=t["planned"], attempted=t["attempted"], succeeded=t["succeeded"],
                      failed=t["failed"], deferred=t["deferred"],
-                     dead_lettered=t["dead_lettered"])
+                     dead_lettered=t["dead_lettered"], no_longer_due=gone)
 
 
 def _s(value: Any) -> str:

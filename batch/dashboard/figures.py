@@ -210,7 +210,8 @@ def summary(snap: Snapshot) -> dict[str, Any]:
              "totals": None if r.totals is None else {
                  "planned": r.totals.planned, "attempted": r.totals.attempted,
                  "succeeded": r.totals.succeeded, "failed": r.totals.failed,
-                 "deferred": r.totals.deferred, "dead_lettered": r.totals.dead_lettered}}
+                 "deferred": r.totals.deferred, "no_longer_due": r.totals.no_longer_due,
+                 "dead_lettered": r.totals.dead_lettered}}
             for r in snap.runs
         ],
         "outcomes": [

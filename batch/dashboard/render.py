@@ -329,8 +329,9 @@ def runs_table(runs: Sequence[RunRow], now: datetime) -> str:
     for r in runs:
         t = r.totals
         nums = ("".join(f"<td class=n>{esc(num(v))}</td>" for v in (
-            t.planned, t.attempted, t.succeeded, t.failed, t.deferred, t.dead_lettered))
-            if t is not None else '<td class="muted" colspan=6>no summary</td>')
+            t.planned, t.attempted, t.succeeded, t.failed, t.deferred, t.no_longer_due,
+            t.dead_lettered))
+            if t is not None else '<td class="muted" colspan=7>no summary</td>')
         body.append(f"<tr><td><code>{esc(r.run_id)}</code></td><td>{esc(r.day)}</td>"
                     f"<td>{esc(r.worker_id)}</td><td>{esc(kst(r.started_at))}</td>"
                     f"<td>{esc(kst(r.finished_at))}</td><td>{run_pill(r, now)}</td>{nums}"
@@ -338,7 +339,9 @@ def runs_table(runs: Sequence[RunRow], now: datetime) -> str:
     return ("<table><thead><tr><th>Run</th><th>Day</th><th>Worker</th><th>Started (KST)</th>"
             "<th>Finished (KST)</th><th>Status</th><th class=n>Planned</th>"
             "<th class=n>Attempted</th><th class=n>Succeeded</th><th class=n>Failed</th>"
-            "<th class=n>Deferred</th><th class=n>Dead-lettered</th></tr></thead>"
+            "<th class=n>Deferred</th><th class=n title=\"of the day's quota left: revoked, "
+            "or refreshed by another run, meanwhile\">No longer due</th>"
+            "<th class=n>Dead-lettered</th></tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table>")
 
 

@@ -203,6 +203,12 @@ def test_run_totals_are_read_from_the_typed_summary_and_ignore_other_shapes() ->
                                     provider_stats("BANK000002", planned=3, failed=1)))
     totals = parse_run_totals(summary.dumps())
     assert totals is not None and (totals.planned, totals.failed) == (5, 1)
+    assert totals.no_longer_due == 0  # a summary from before the count: none
+    doc = summary.to_json()
+    doc["providers"][0]["no_longer_due"] = 4
+    doc["providers"][1]["no_longer_due"] = 2
+    gone = parse_run_totals(json.dumps(doc))
+    assert gone is not None and gone.no_longer_due == 6
 
 
 def test_focus_day_is_today_inside_the_week_else_its_nearest_end() -> None:

@@ -179,3 +179,22 @@ async def test_a_failed_run_shows_its_reason(week: Week) -> None:
     page = render_page(snap)
     assert 'title="DatabaseError: disk full">failed</span>' in page
     assert {r["error"] for r in summary(snap)["runs"]} >= {"DatabaseError: disk full"}
+
+
+async def test_a_runs_quota_no_longer_due_has_its_own_column(week: Week) -> None:
+    async with week.engine.begin() as conn:
+        row = (await conn.execute(schema.runs.select().where(
+            schema.runs.c.run_id == "run-1"))).one()
+        doc = json.loads(row.summary)
+        doc["providers"][0]["no_longer_due"] = 1_234
+        await conn.execute(update(schema.runs).where(schema.runs.c.run_id == "run-1")
+                           .values(summary=json.dumps(doc)))
+    snap = await load_snapshot(week.engine, week=WEEK, now=NOW)
+    page = render_page(snap)
+    head = page.split("<th class=n>Deferred</th>")[1]
+    assert head.startswith("<th class=n title=") and "No longer due</th>" in head
+    # run-1: deferred 10, then 1,234 no longer due, then 3 dead-lettered
+    assert "<td class=n>10</td><td class=n>1,234</td><td class=n>3</td>" in page
+    assert {r["run_id"]: (r["totals"] or {}).get("no_longer_due")
+            for r in summary(snap)["runs"]} == {"run-1": 1234, "run-2": None}
+    assert '<td class="muted" colspan=7>no summary</td>' in page
