@@ -106,7 +106,11 @@ def run_cmd(settings: Settings, windows: tuple[Window, ...], only: tuple[str, ..
 
         run_async(check_redis(redis_url))  # one line and exit 2 when it is not there
     if processes > 1:
-        _run_processes(processes, worker_id, as_json, settings.db_url)
+        # what every worker would refuse, refused once here before any starts: the key, and
+        # a database that is there with its schema
+        token_cipher()
+        run_async(_database_ready(settings.db_url))
+        _run_processes(processes, worker_id, as_json, settings.db_url, log_level)
     from batch.db.engine import make_engine
     from batch.dispatch.runner import RunOptions, run_day
     from batch.logs import setup_logging
@@ -208,13 +212,36 @@ async def _cluster_wide(engine: AsyncEngine, summary: RunSummary, report: dict[s
     return out
 
 
-def _run_processes(n: int, worker_id: str | None, as_json: bool, db_url: str) -> NoReturn:
+async def _database_ready(url: str) -> None:
+    """One clear line (DatabaseError) if ``url`` is unreachable, missing or without the
+    schema."""
+    from sqlalchemy import select
+
+    from batch.db import schema
+    from batch.db.engine import connect, make_engine
+
+    engine = make_engine(url)
+    try:
+        async with connect(engine) as conn:
+            await conn.execute(select(schema.runs.c.run_id).limit(1))
+    finally:
+        await engine.dispose()
+
+
+def _run_processes(n: int, worker_id: str | None, as_json: bool, db_url: str,
+                   log_level: str) -> NoReturn:
     import socket
 
-    from batch.cluster.processes import run_children
+    from batch.cluster.processes import NoSummaries, run_children, worst_exit
+    from batch.logs import setup_logging
 
-    summary, code = run_children(sys.argv[1:], n,
-                                 worker_id=worker_id or f"{socket.gethostname()}-{os.getpid()}",
-                                 db_url=db_url)
+    parent = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+    # the parent's own lines (a worker process that died) as its workers' are: JSON under cron
+    setup_logging(level=log_level, worker_id=parent)
+    try:
+        summary, code = run_children(sys.argv[1:], n, worker_id=parent, db_url=db_url)
+    except NoSummaries as exc:  # the workers' own lines say why: one more, and their code
+        click.echo(f"mydata-batch: error: {exc}", err=True)
+        sys.exit(worst_exit(exc.codes))
     _print(summary, as_json)
     sys.exit(code)

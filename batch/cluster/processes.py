@@ -33,6 +33,15 @@ _CLUSTER_WIDE = ("deferred",)
 _BREAKER_RANK = ("forced_open", "open", "half_open", "forced_closed", "closed")
 
 
+class NoSummaries(SummaryError):
+    """No worker process printed a summary, and none could be read back: ``codes`` are
+    their exit codes (each one's own error line is above the parent's)."""
+
+    def __init__(self, codes: Sequence[int]) -> None:
+        super().__init__(f"no worker process printed a summary (exit codes {list(codes)})")
+        self.codes = list(codes)
+
+
 def worst_exit(codes: Sequence[int]) -> int:
     """The exit code of the merged run: a code outside run's own (a child killed) counts as
     work an operator must see (1); else the highest-ranked of 2, 1, 3, 0."""
@@ -174,7 +183,7 @@ def run_children(argv: Sequence[str], n: int, *, worker_id: str, db_url: str | N
         parts += _read_back(db_url, [(f"{worker_id}-p{i}", run_ids[i], codes[i], i)
                                      for i in silent])
     if not parts:
-        raise SummaryError(f"no worker process printed a summary (exit codes {codes})")
+        raise NoSummaries(codes)
     return merge_summaries(parts, worker_id=worker_id, codes=codes), worst_exit(codes)
 
 

@@ -76,3 +76,38 @@ def test_run_with_no_saved_plan_plans_the_week_first_and_prints_json(
             assert p["planned"] > 0 and p["attempted"] == p["planned"]
 
     asyncio.run(serve_and_run())
+
+
+@pytest.mark.integration
+def test_run_processes_refuses_what_every_worker_would_before_starting_any(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # each worker printed its own line (two alike), then the parent a traceback (exit 1)
+    (tmp_path / "m.db").touch()
+    args = ["--db", str(tmp_path / "m.db"), "--redis", redis_url, "run", "--processes", "2"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2, res.output
+    assert res.output.count("\n") == 1 and "has no mydata-batch schema" in res.output
+    monkeypatch.setenv("MYDATA_TOKEN_KEYS", "")
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2 and res.output.startswith(
+        "mydata-batch: error: no token encryption key"), res.output
+
+
+@pytest.mark.parametrize("codes, code", [([2, 2], 2), ([-9, -9], 1), ([3, -9], 1)])
+def test_when_no_worker_process_printed_a_summary_the_parent_says_so_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    codes: list[int], code: int,
+) -> None:
+    import batch.cluster.processes as processes
+    from batch.cli.run import _run_processes
+
+    def none_printed(*_a: object, **_k: object) -> None:
+        raise processes.NoSummaries(codes)
+
+    monkeypatch.setattr(processes, "run_children", none_printed)
+    with pytest.raises(SystemExit) as exc:
+        _run_processes(2, "box", False, "sqlite:///unused.db", "INFO")
+    assert exc.value.code == code
+    assert capsys.readouterr().err == (
+        f"mydata-batch: error: no worker process printed a summary (exit codes {codes})\n")
