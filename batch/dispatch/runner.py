@@ -545,7 +545,9 @@ async def run_day(
                                        "error": reason})
         await close_failed(engine, run_id, reason, clock=clock)
         raise
-    due = await leftover_due(engine, pieces, week=inputs.week)
+    # outcomes left unwritten: the database is likely gone (each try waits out a connect
+    # timeout), and the run needs an operator whatever the count would say
+    due = await leftover_due(engine, pieces, week=inputs.week) if done.persisted else None
     summary = summarize(inputs, plans, pieces, done, options, due)
     await record(engine, summary, clock=clock)
     await pieces.obs.close()  # the gauges re-read (this run's status), the last textfile
