@@ -404,6 +404,35 @@ async def test_the_quota_left_is_deferred_only_while_that_many_are_still_due(
     assert (s.exit_code, s.status) == (0, "done")
 
 
+async def test_a_run_that_left_outcomes_unwritten_does_not_count_what_is_still_due(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the database is likely gone: the count would wait out a connect timeout, and the run
+    # needs an operator whatever it says
+    from dataclasses import replace
+
+    import batch.dispatch.runner as runner
+    from batch.db import work
+
+    await _saved_plan(engine, '["0000:0600"]', when=AFTER_WINDOW - timedelta(hours=6, minutes=55))
+    real = runner.execute
+    counted: list[object] = []
+
+    async def unwritten(*a: object, **k: object) -> runner.Execution:
+        return replace(await real(*a, **k), persisted=False, unwritten=5)  # type: ignore[arg-type]
+
+    async def count(*a: object, **k: object) -> dict[str, int]:
+        counted.append(k)
+        return {}
+
+    monkeypatch.setattr(runner, "execute", unwritten)
+    monkeypatch.setattr(work, "still_due", count)
+    (p,) = (s := await _run(engine)).providers  # type: ignore[attr-defined]
+    assert counted == []
+    assert "no_longer_due" not in p.extra and p.count("deferred") == p.count("planned") > 0
+    assert (s.exit_code, s.status, s.outcomes_persisted) == (1, "incomplete", False)
+
+
 def test_the_heap_made_before_dispatching_is_frozen_and_thawed_after() -> None:
     import gc
 
