@@ -9,7 +9,7 @@ state) died with it: the consents of unwritten outcomes come back when its lease
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from typing import Any
 
 from sqlalchemy import func, select
@@ -17,42 +17,27 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.db import schema
 from batch.db.engine import connect
+from batch.dispatch.stats import ProviderStats
 from batch.dispatch.summary import ProviderSummary, RunSummary
 from batch.lifecycle import Step
 from planning.calendar import week_start
 
-#: outcomes that end a consent's week well (the summary's ``failed`` is the rest)
-_BENIGN = (Step.DONE, Step.DONE_FOR_WEEK, Step.DEAD_ASSET)
-
 
 def provider_from_outcomes(org: str, rows: list[tuple[str, str, str | None, int, int]], *,
                            planned: int, note: dict[str, Any]) -> ProviderSummary:
-    """One provider's counters from its outcome rows, grouped as (action, kind, rsp_code,
-    count, calls) (pure). ``deferred`` is the plan less what this worker attempted: an
-    upper bound, which the merge's least (the survivors' cluster-wide count) replaces."""
-    by_action: Counter[str] = Counter()
-    by_kind: Counter[str] = Counter()
-    by_code: Counter[str] = Counter()
-    calls = 0
-    for action, kind, code, n, c in rows:
-        by_action[action] += n
-        by_kind[kind] += n
+    """One provider's summary from its outcome rows, grouped as (action, kind, rsp_code,
+    count, calls), counted as a live run counts its own (``ProviderStats``). ``deferred`` is
+    the plan less what this worker attempted: an upper bound, which the merge's least (the
+    survivors' cluster-wide count) replaces."""
+    stats = ProviderStats(org, day_quota=planned, state_of=lambda: "unknown")
+    for action, kind, code, n, calls in rows:
+        stats.by_action[action] += n
+        stats.by_kind[kind] += n
         if code:
-            by_code[code] += n
-        calls += c
-    attempted = sum(by_action.values()) - by_action[Step.NOT_ATTEMPTED.value]
-    benign = sum(by_action[s.value] for s in _BENIGN)
-    return ProviderSummary.from_json({
-        "org_code": org, "planned": planned, "attempted": attempted,
-        "succeeded": by_action[Step.DONE.value],
-        "already_transferred": by_action[Step.DONE_FOR_WEEK.value],
-        "dead_assets": by_action[Step.DEAD_ASSET.value], "failed": attempted - benign,
-        "deferred": max(0, planned - attempted),
-        "not_attempted": by_action[Step.NOT_ATTEMPTED.value],
-        "dead_lettered": by_action[Step.DEAD_LETTER.value], "calls": calls,
-        "by_outcome": dict(sorted(by_kind.items())),
-        "by_action": dict(sorted(by_action.items())),
-        "by_code": dict(sorted(by_code.items())), "breaker": "unknown", "cluster": note})
+            stats.by_code[code] += n
+        stats.calls += calls
+    stats.dead_lettered = stats.by_action[Step.DEAD_LETTER.value]
+    return ProviderSummary.from_stats({**stats.summary(), "cluster": note})
 
 
 async def read_back(engine: AsyncEngine, run_id: str, *, worker: str, ended: str

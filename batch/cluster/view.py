@@ -47,6 +47,12 @@ async def tally(engine: AsyncEngine, *, day: date, me: str
     return out["a"], out["h"]
 
 
+def _left(p: ProviderSummary, attempted: dict[str, int], held: dict[str, int]) -> int:
+    """Of ``p``'s day plan, what nobody attempted and no other worker holds."""
+    return max(0, p.counters["planned"] - attempted.get(p.org_code, 0)
+               - held.get(p.org_code, 0))
+
+
 def cluster_view(summary: RunSummary, *, attempted: dict[str, int], held: dict[str, int],
                  report: dict[str, Any], others_live: int = 0,
                  due: Mapping[str, int] | None = None) -> RunSummary:
@@ -61,8 +67,7 @@ def cluster_view(summary: RunSummary, *, attempted: dict[str, int], held: dict[s
     sees none live and judges the day; two stopping at once both judge it."""
     provs: list[ProviderSummary] = []
     for p in summary.providers:
-        left = max(0, p.counters["planned"] - attempted.get(p.org_code, 0)
-                   - held.get(p.org_code, 0))
+        left = _left(p, attempted, held)
         extra = dict(p.extra)
         if due is not None:  # the rest revoked, or refreshed by another run, meanwhile
             still = min(left, due.get(p.org_code, 0))
@@ -89,8 +94,7 @@ async def seen_cluster_wide(engine: AsyncEngine, summary: RunSummary, *, day: da
 
     attempted, held = await tally(engine, day=day, me=me)
     others = [w for w in await live_workers(engine, now=now) if w.worker_id != me]
-    bounds = {p.org_code: p.counters["planned"] - attempted.get(p.org_code, 0)
-              - held.get(p.org_code, 0) for p in summary.providers}
+    bounds = {p.org_code: _left(p, attempted, held) for p in summary.providers}
     due = await still_due(engine, week=date.fromisoformat(summary.week_start), bounds=bounds,
                           holder=me)
     return cluster_view(summary, attempted=attempted, held=held, report=report,

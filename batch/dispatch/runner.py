@@ -444,7 +444,7 @@ async def leftover_due(engine: AsyncEngine, pieces: Pieces, *, week: date
                        ) -> dict[str, int] | None:
     """Per provider that leaves part of its day's quota: its consents still due, up to that
     part (None if the database cannot say: nothing is capped then)."""
-    bounds = {d.org_code: d.stats.summary()["deferred"] for d in pieces.dispatchers}
+    bounds = {d.org_code: d.stats.left for d in pieces.dispatchers}
     if not any(bounds.values()):
         return {}
     try:

@@ -73,6 +73,12 @@ class ProviderStats:
     def succeeded(self) -> int:
         return self._count(Step.DONE)
 
+    @property
+    def left(self) -> int:
+        """Of the day's quota, what neither this run nor the day's earlier runs attempted
+        (the summary's ``deferred`` before it is capped by what is still due)."""
+        return max(0, self.day_quota - self.attempted_before - self.attempted)
+
     def _count(self, step: Step) -> int:
         return self.by_action.get(step.value, 0)
 
@@ -83,7 +89,6 @@ class ProviderStats:
         attempted = self.attempted
         benign = (self._count(Step.DONE) + self._count(Step.DONE_FOR_WEEK)
                   + self._count(Step.DEAD_ASSET))
-        remaining = max(0, self.day_quota - self.attempted_before - attempted)
         planned_sum = sum(m.planned for m in self.minutes)
         err = sum(abs(m.planned - m.started) for m in self.minutes)
         return {
@@ -95,7 +100,7 @@ class ProviderStats:
             "already_transferred": self._count(Step.DONE_FOR_WEEK),
             "dead_assets": self._count(Step.DEAD_ASSET),
             "failed": attempted - benign,
-            "deferred": remaining,
+            "deferred": self.left,
             "not_attempted": self._count(Step.NOT_ATTEMPTED),
             "dead_lettered": self.dead_lettered,
             "by_outcome": dict(sorted(self.by_kind.items())),
