@@ -127,6 +127,12 @@ def _ended(code: int) -> str:
     return f"exited {code}"
 
 
+def child_worker_id(worker_id: str, index: int) -> str:
+    """Child ``index``'s worker id under a parent of ``worker_id`` (its leases, its node
+    row, its run's read-back all go by it)."""
+    return f"{worker_id}-p{index}"
+
+
 def child_argv(argv: Sequence[str], index: int, worker_id: str,
                run_id: str | None = None) -> list[str]:
     """The parent's arguments for child ``index``: without --processes (and its value),
@@ -147,7 +153,7 @@ def child_argv(argv: Sequence[str], index: int, worker_id: str,
         out.append(a)
     if "--json" not in out:
         out.append("--json")
-    out += ["--worker-id", f"{worker_id}-p{index}", "--process-index", str(index)]
+    out += ["--worker-id", child_worker_id(worker_id, index), "--process-index", str(index)]
     return [*out, "--run-id", run_id] if run_id else out
 
 
@@ -180,7 +186,7 @@ def run_children(argv: Sequence[str], n: int, *, worker_id: str, db_url: str | N
         except (ValueError, IndexError, SummaryError):
             silent.append(i)
     if silent:
-        parts += _read_back(db_url, [(f"{worker_id}-p{i}", run_ids[i], codes[i], i)
+        parts += _read_back(db_url, [(child_worker_id(worker_id, i), run_ids[i], codes[i], i)
                                      for i in silent])
     if not parts:
         raise NoSummaries(codes)

@@ -741,9 +741,13 @@ async def save_token(engine: AsyncEngine, t: TokenRefreshed) -> bool:
     return await run_transaction(engine, _save_token_tx, t.consent_id, token_changes(t))
 
 
+#: the token writes' guard (:func:`token_changes`): a revoked row keeps its tokens erased
+_NOT_REVOKED = consents.c.status != "revoked"
+
+
 def _save_token_tx(conn: Connection, consent_id: int, values: dict[str, Any]) -> bool:
     c = consents.c
-    res = conn.execute(update(consents).where(c.id == consent_id, c.status != "revoked")
+    res = conn.execute(update(consents).where(c.id == consent_id, _NOT_REVOKED)
                        .values(values))
     return bool(res.rowcount)
 
@@ -762,7 +766,7 @@ def _update_each(conn: Connection, rows: Sequence[tuple[int, dict[str, Any]]],
         if worker is not None:
             stmt = stmt.where(c.lease_owner == worker)
         if not_revoked:
-            stmt = stmt.where(c.status != "revoked")
+            stmt = stmt.where(_NOT_REVOKED)
         conn.execute(stmt.values({k: bindparam(f"b_{k}") for k in cols}), params)
 
 
