@@ -179,6 +179,9 @@ class ProviderDispatcher:
         self._retaken: set[int] = set()  # claimed again while held: give back once written
         self._rate = 0.0  # refreshes per second in the current minute, for the producer
         self._claiming = True
+        #: the last claim found fewer than it asked for: what is queued is all there is
+        #: until the producer looks again (the last minute's top-up counts on no more)
+        self._dry = False
         self._nudge = asyncio.Event()  # wakes the producer when the rate changes
         # Each provider's slices start at its own offset into the slice (``offset``, a
         # fraction of it; the run gives the i-th provider frac(i * golden ratio), else a
@@ -231,7 +234,8 @@ class ProviderDispatcher:
                         # due again since (retries past their not_before, expired leases).
                         cursor = work.START
                         got += await self._claim(cursor, want - len(got))
-                    if len(got) < want:
+                    self._dry = len(got) < want
+                    if self._dry:
                         idle_until = now_m + self._settings.idle_recheck
                     now = self._clock.now()  # the chunk's time (one, not one a claim)
                     for c in got:
@@ -453,7 +457,14 @@ class ProviderDispatcher:
         shared = await self._allowance.left()
         if shared is None:
             return 0
-        extra = min(shared, self.remaining) - ahead
+        can = min(shared, self.remaining)
+        if self._dry:
+            # Nothing more to claim (all revoked, or held by the other workers): only the
+            # queue can start. Topped up past it, the minute's count grew by what the
+            # cluster's day had left at every look (960 planned, 1,382 logged) and its
+            # grants sat unused until the minute ended.
+            can = min(can, len(self._queue))
+        extra = can - ahead
         if extra <= 0:
             return 0
         for j, c in enumerate(slice_counts(extra, len(counts) - k, self._period_phase)):

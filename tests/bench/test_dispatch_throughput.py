@@ -93,6 +93,10 @@ OVERLOAD = float(os.environ.get("DISPATCH_BENCH_OVERLOAD", "1.1"))
 #: comma-separated; empty skips the case
 SAT_BACKENDS = tuple(b for b in os.environ.get("DISPATCH_BENCH_BACKENDS",
                                                "sqlite,postgresql").split(",") if b)
+#: (b)'s rows again, this many rounds of every backend in turn, (a3) between each: one run
+#: then gives each backend's median ratio over its rounds (the machine's speed swings a
+#: tenth or more between rows: one row is one draw)
+SAT_ROUNDS = int(os.environ.get("DISPATCH_BENCH_ROUNDS", "1"))
 PACED_BACKENDS = tuple(b for b in os.environ.get("DISPATCH_BENCH_PACED_BACKENDS",
                                                  "postgresql").split(",") if b)
 PACED_CALLS_PER_SECOND = 500
@@ -453,8 +457,8 @@ def test_dispatch_throughput_lateness_and_plan_error(
     # 9,234 for the rest of the run) left a row offered less than it could start, and its
     # ratio then measured the plan, not our cost.
     floor_rate = max(httpx_rate, client_rate)
-    offered: dict[str, int] = {}  # refreshes per provider in the minute
-    sat: dict[str, RunFigures] = {}
+    offered: dict[str, list[int]] = defaultdict(list)  # refreshes a provider, per round
+    sat: list[tuple[str, RunFigures]] = []  # every row, in the order run
     problems: list[str] = []  # checked after the table is printed
     # (a3) again after each (b) run, at its best concurrency: each (b) row is also set
     # against the mean of the (a3) runs just before and just after it, since the machine's
@@ -463,10 +467,10 @@ def test_dispatch_throughput_lateness_and_plan_error(
     # the other)
     best_conc = max(via_client, key=via_client.__getitem__)
     around: list[tuple[float, float]] = [(client_rate, cpu_per_call["a3", best_conc])]
-    for backend in SAT_BACKENDS:
-        offered[backend] = math.ceil(OVERLOAD * max(floor_rate, around[-1][0]) * 60
-                                     / CALLS_PER_REFRESH / PROVIDERS)
-        fig = asyncio.run(_run(fresh_db(backend), insts, {FIRST_MINUTE: offered[backend]},
+    for backend in [b for _ in range(SAT_ROUNDS) for b in SAT_BACKENDS]:
+        offered[backend].append(math.ceil(OVERLOAD * max(floor_rate, around[-1][0]) * 60
+                                          / CALLS_PER_REFRESH / PROVIDERS))
+        fig = asyncio.run(_run(fresh_db(backend), insts, {FIRST_MINUTE: offered[backend][-1]},
                                sim_pid=sim.pid))
         stats = sim.stats()
         sim.reset()
@@ -482,7 +486,7 @@ def test_dispatch_throughput_lateness_and_plan_error(
             totals["succeeded"] != totals["attempted"] else []
         problems += [f"{backend}: simulator saw {stats['total']['calls']} calls, run counted "
                      f"{fig.calls}"] if stats["total"]["calls"] != fig.calls else []
-        sat[backend] = fig
+        sat.append((backend, fig))
 
     # (c)+(d) paced at 500 calls/s ----------------------------------------------------
     per_minute = PACED_CALLS_PER_SECOND * 60 // CALLS_PER_REFRESH // PROVIDERS
@@ -528,13 +532,14 @@ def test_dispatch_throughput_lateness_and_plan_error(
               f"({rate / base_rate:.2f}x the baseline, {rate / httpx_rate:.2f}x (a2))")
     print(f"(b) run_day, full chain + claims + batched writes, each row planned "
           f"{OVERLOAD:g}x the best of (a2), (a3) and the (a3) just before it in one minute ("
-          + ", ".join(f"{b} {n:,}" for b, n in offered.items())
+          + ", ".join(f"{b} {'/'.join(f'{n:,}' for n in ns)}" for b, ns in offered.items())
           + " refreshes/provider); goal >= 0.8x (a3):")
     print(f"    {'backend':<11}{'calls':>9}{'seconds':>9}{'calls/s':>10}{'vs (a)':>9}"
           f"{'vs (a2)':>9}{'vs (a3)':>9}"
           f"{'done':>9}{'deferred':>9}{'late p50':>10}{'p99 ms':>8}{'missed':>8}"
           f"{'CPU us':>8}{'(a3)/ours':>10}{'around: vs (a3)':>17}{'(a3)/ours':>10}")
-    for k, (backend, fig) in enumerate(sat.items()):
+    around_ratios: dict[str, list[tuple[float, float, float, float]]] = defaultdict(list)
+    for k, (backend, fig) in enumerate(sat):
         t = fig.summary["totals"]
         (r0, u0), (r1, u1) = around[k], around[k + 1]
         print(f"    {backend:<11}{fig.calls:>9,}{fig.seconds:>9.1f}"
@@ -546,16 +551,26 @@ def test_dispatch_throughput_lateness_and_plan_error(
               f"{fig.cpu_us_per_call:>8.0f}{cpu_a3 / fig.cpu_us_per_call:>10.2f}"
               f"{fig.calls_per_second / ((r0 + r1) / 2):>17.2f}"
               f"{(u0 + u1) / 2 / fig.cpu_us_per_call:>10.2f}")
+        around_ratios[backend].append((
+            fig.calls_per_second / client_rate, cpu_a3 / fig.cpu_us_per_call,
+            fig.calls_per_second / ((r0 + r1) / 2), (u0 + u1) / 2 / fig.cpu_us_per_call))
+    if SAT_ROUNDS > 1:  # one row is one draw of the machine's speed: the medians
+        for backend, rs in around_ratios.items():
+            med = [statistics.median(r[i] for r in rs) for i in range(4)]
+            print(f"    {backend:<11}median of {len(rs)} rounds: vs (a3) {med[0]:.2f}, "
+                  f"(a3)/ours {med[1]:.2f}; around: vs (a3) {med[2]:.2f}, (a3)/ours "
+                  f"{med[3]:.2f} (each round's: "
+                  + ", ".join(f"{r[2]:.2f}" for r in rs) + ")")
     print(f"    around: against the mean of the (a3) runs just before and just after the row, at "
           f"concurrency {best_conc} (the machine drifts between them): "
           + " -> ".join(f"{r:,.0f} calls/s {c:.0f} us" for r, c in around))
     print("    (saturated: the minute offered more than the loop could start; what was not "
           "started is deferred, as a real run would)")
-    for backend, fig in sat.items():
+    for backend, fig in sat:
         if not fig.summary["totals"]["deferred"]:
             print(f"    !!! {backend} started all it was offered: not saturated, its ratios "
                   "are floors (raise DISPATCH_BENCH_OVERLOAD)")
-    for backend, fig in sat.items():  # a row is the client's cost only if its loop was busy
+    for backend, fig in sat:  # a row is the client's cost only if its loop was busy
         if fig.shares is not None:
             print(f"    {backend} cores, run_day (3 s before its minute included): "
                   f"{fig.shares.line()}")
