@@ -171,6 +171,14 @@ async def reap(engine: AsyncEngine, *, now: datetime, me: int) -> list[Reaped]:
         for r in dead:
             await conn.execute(update(schema.nodes).where(n.node_id == r.node_id)
                                .values(dead_seen_at=at))
+            if r.run_id is not None:
+                # its run would read "running" for ever (the dashboard, `check`): closed
+                # here, failed; a worker only slow, not dead, overwrites it when it ends
+                await conn.execute(update(schema.runs).where(
+                    schema.runs.c.run_id == r.run_id, schema.runs.c.finished_at.is_(None))
+                    .values(finished_at=at, status="failed", error=(
+                        f"worker {r.worker_id} seen dead (no heartbeat within "
+                        f"{float(r.heartbeat_timeout):g} s): its claims came back due")))
             if str(r.worker_id) in live_ids:
                 continue
             counts = (await conn.execute(

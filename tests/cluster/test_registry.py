@@ -28,6 +28,22 @@ async def _seed(engine: AsyncEngine, n: int) -> None:
             for i in range(n)])
 
 
+async def _open_runs(engine: AsyncEngine, *run_ids: str) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(insert(schema.runs), [
+            {"run_id": r, "day": WEEK, "worker_id": "w", "started_at": NOW, "status": "running"}
+            for r in run_ids])
+
+
+async def _runs(engine: AsyncEngine) -> dict[str, tuple[str, bool, str | None]]:
+    """run id -> (status, finished, error)."""
+    r = schema.runs.c
+    async with engine.connect() as conn:
+        return {row.run_id: (row.status, row.finished_at is not None, row.error)
+                for row in await conn.execute(select(r.run_id, r.status, r.finished_at,
+                                                     r.error))}
+
+
 async def _age(engine: AsyncEngine, node: int, seconds: float) -> None:
     """Make a node's last heartbeat ``seconds`` old on the judging clock."""
     async with engine.begin() as conn:
@@ -59,9 +75,10 @@ async def test_live_workers_are_ordered_by_start_and_a_silent_one_is_dead(
 async def test_a_dead_workers_claims_come_back_at_once_started_ones_as_unknown(
         engine: AsyncEngine) -> None:
     await _seed(engine, 4)
-    dead = await register_node(engine, worker_id="dead", run_id="r", now=NOW,
+    await _open_runs(engine, "r-dead", "r-me")
+    dead = await register_node(engine, worker_id="dead", run_id="r-dead", now=NOW,
                                cluster=True, heartbeat_timeout=15)
-    me = await register_node(engine, worker_id="me", run_id="r", now=NOW, cluster=True,
+    me = await register_node(engine, worker_id="me", run_id="r-me", now=NOW, cluster=True,
                              heartbeat_timeout=15)
     got = await work.claim(engine, "BANK000001", worker="dead", week=WEEK, now=NOW,
                            limit=4, lease=timedelta(minutes=10))
@@ -76,6 +93,12 @@ async def test_a_dead_workers_claims_come_back_at_once_started_ones_as_unknown(
     reaped = await reap(engine, now=NOW, me=me)
     assert [(r.worker_id, r.claims, r.started) for r in reaped] == [("dead", 4, 2)]
     assert await reap(engine, now=NOW, me=me) == []  # each death reaped once
+    # its run does not read "running" for ever: closed as failed, saying why
+    runs = await _runs(engine)
+    assert runs["r-me"] == ("running", False, None)
+    assert runs["r-dead"][:2] == ("failed", True)
+    assert runs["r-dead"][2] == ("worker dead seen dead (no heartbeat within 15 s): its "
+                                 "claims came back due")
     async with engine.connect() as conn:
         until = set((await conn.execute(select(schema.consents.c.lease_until))).scalars())
     assert {u.replace(tzinfo=UTC) if u.tzinfo is None else u for u in until} == {EXPIRED}
@@ -91,6 +114,7 @@ async def test_a_dead_workers_claims_come_back_at_once_started_ones_as_unknown(
 async def test_a_worker_id_reused_by_a_live_worker_keeps_its_leases(
         engine: AsyncEngine) -> None:
     await _seed(engine, 2)
+    await _open_runs(engine, "r1", "r2")
     old = await register_node(engine, worker_id="w", run_id="r1", now=NOW, cluster=True,
                               heartbeat_timeout=15)
     await register_node(engine, worker_id="w", run_id="r2", now=NOW, cluster=True,
@@ -100,5 +124,8 @@ async def test_a_worker_id_reused_by_a_live_worker_keeps_its_leases(
     await work.claim(engine, "BANK000001", worker="w", week=WEEK, now=NOW, limit=2)
     await _age(engine, old, 60)
     assert await reap(engine, now=NOW, me=me) == []
+    # the dead one's run is over all the same; the live one's goes on
+    runs = await _runs(engine)
+    assert runs["r1"][:2] == ("failed", True) and runs["r2"] == ("running", False, None)
     assert await work.claim(engine, "BANK000001", worker="me", week=WEEK, now=NOW,
                             limit=2) == []
