@@ -28,7 +28,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TextIO
 
 import httpx
-from sqlalchemy import insert, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.aio import cancel_and_wait
@@ -210,8 +210,28 @@ async def read_inputs(engine: AsyncEngine, *, clock: Clock, options: RunOptions,
 
 
 async def open_run(engine: AsyncEngine, inputs: RunInputs, options: RunOptions) -> None:
-    """The ``runs`` row, ``running`` until :func:`record` or :func:`close_failed`."""
+    """The ``runs`` row, ``running`` until :func:`record` or :func:`close_failed`.
+
+    Outside cluster mode this run holds the run lock, so any other single-process run
+    still open lost its process (kill -9, a crash, the machine): it is closed here as
+    failed, saying so, instead of reading "running" for ever (a dead cluster worker's run
+    is closed by the worker that sees it dead: batch/cluster/registry.py)."""
     async with transaction(engine) as conn:
+        if options.cluster is None:
+            n, r = schema.nodes.c, schema.runs.c
+            lost = (await conn.execute(select(r.run_id).where(
+                r.finished_at.is_(None), r.run_id != options.run_id,
+                r.run_id.in_(select(n.run_id).where(n.cluster.is_(False),
+                                                    n.run_id.is_not(None)))))).scalars().all()
+            if lost:
+                await conn.execute(update(schema.runs).where(r.run_id.in_(lost)).values(
+                    finished_at=inputs.now, status="failed", error=(
+                        "its process ended without closing the run (killed, or its machine "
+                        f"went down): found open by run {options.run_id}")))
+            for run_id in lost:
+                log.warning("an earlier run's process ended without closing it: closed "
+                            "as failed", extra={"action": "lost_run_closed",
+                                                "lost_run": run_id})
         await conn.execute(insert(schema.runs).values(
             run_id=options.run_id, day=inputs.today, worker_id=options.worker_id,
             started_at=inputs.now, status="running"))

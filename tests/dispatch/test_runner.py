@@ -88,6 +88,38 @@ async def test_a_plan_saved_today_is_kept(engine: AsyncEngine) -> None:
     assert summary.replanned is None  # type: ignore[attr-defined]
 
 
+async def test_a_run_closes_an_earlier_run_whose_process_died_not_a_cluster_workers(
+    engine: AsyncEngine,
+) -> None:
+    # A single-process run killed -9 left its runs row "running"; the next run holds the
+    # run lock, so that one cannot be alive: closed as failed, saying so. A cluster
+    # worker's run is not this run's to judge (its live peers close it when it dies).
+    from batch.db.nodes import register_node
+    insts = make_institutions(free_ports(1), industries=("bank",))
+    await populate(engine, insts, per_provider=1, now=AFTER_WINDOW)
+    earlier = AFTER_WINDOW - timedelta(hours=6)
+    async with engine.begin() as conn:
+        await conn.execute(schema.runs.insert(), [
+            {"run_id": rid, "day": DAY, "worker_id": rid, "started_at": earlier,
+             "status": "running"} for rid in ("killed", "cluster-worker")])
+    await register_node(engine, worker_id="killed", run_id="killed", now=earlier,
+                        cluster=False, heartbeat_timeout=30)
+    await register_node(engine, worker_id="cluster-worker", run_id="cluster-worker",
+                        now=earlier, cluster=True, heartbeat_timeout=30)
+    summary = await _run(engine)
+    r = schema.runs.c
+    async with engine.connect() as conn:
+        rows = {row.run_id: row for row in await conn.execute(
+            select(r.run_id, r.status, r.finished_at, r.error))}
+    assert rows["killed"].status == "failed" and rows["killed"].finished_at is not None
+    assert rows["killed"].error == (
+        "its process ended without closing the run (killed, or its machine went down): "
+        f"found open by run {summary.run_id}")  # type: ignore[attr-defined]
+    assert (rows["cluster-worker"].status, rows["cluster-worker"].finished_at) == (
+        "running", None)
+    assert rows[summary.run_id].error is None  # type: ignore[attr-defined]
+
+
 # --- step 1: read inputs ----------------------------------------------------------------
 
 async def test_read_inputs_filters_by_only_and_refuses_an_unknown_org(
