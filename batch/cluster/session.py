@@ -39,6 +39,9 @@ from batch.resilience.limiter import DECREASE_GAP
 
 log = logging.getLogger("mydata.cluster")
 
+#: the window a provider counts its limit over (seconds): any 1-second window
+PROVIDER_WINDOW = 1.0
+
 
 class RedisUnreachable(InputError):
     """Cluster mode asked for, Redis not answering at the start."""
@@ -172,13 +175,21 @@ class ClusterSession:
         a horizon past their grant, which came before we saw Redis go) and one interval
         more, so the seconds across the switch hold the limit plus its burst too."""
         share = 1.0 / max(1, self._live)
+        now = self._clock.monotonic()
         for org, chain in self._chains.items():
             limiter = chain.limiter
+            rising = share > limiter.share
             limiter.shared = None
             limiter.set_share(share)
             self._stocks[org].clear()
             if lost_at is not None:
                 limiter.hold(lost_at + self.options.horizon + limiter.interval)
+            elif rising:
+                # Fewer live workers: a departed one's last calls may still be in the
+                # provider's 1-second window; the larger share starts once they are out of
+                # it (at once, the survivors' calls and its own could pass the limit and
+                # its burst in that second)
+                limiter.hold(now + PROVIDER_WINDOW + limiter.interval)
 
     def _restore(self) -> None:
         self._shared = True

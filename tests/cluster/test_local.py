@@ -220,12 +220,22 @@ def test_redis_lost_each_limiter_runs_alone_at_its_rate_over_the_live_workers(
     s._live = 2  # the registry saw a worker die: the share grows
     s._apply_local()
     assert bank.limiter.base_rate == pytest.approx(15.0)
+    # ... once the departed worker's last calls are out of the provider's 1-second window
+    now = clock.monotonic()
+    assert bank.limiter.reserve(now, 5.0) == pytest.approx(1.0 + 1 / 15)
+    assert card.limiter.reserve(now, 5.0) == pytest.approx(1.0 + 1 / 4.5)
     s._restore()
     assert s.shared and bank.limiter.base_rate == pytest.approx(30.0)
     assert bank.limiter.shared is s._stocks["BANK000001"]
     rep = s.report()
     assert rep["redis_fallbacks"] == 1 and rep["redis_fallback_seconds"] == 7.0
     assert rep["shared_limit"] == "shared"
+    s.lost(ConnectionError("gone again"))
+    clock.advance(10.0)
+    s._live = 4  # one more live worker: the share shrinks at once, no wait
+    s._apply_local()
+    assert bank.limiter.base_rate == pytest.approx(7.5)
+    assert bank.limiter.reserve(clock.monotonic(), 5.0) == 0.0
 
 
 @pytest.mark.parametrize("full", [
