@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from batch.db import schema
 from batch.db.engine import connect, transaction
+from batch.db.nodes import fail_runs
 from batch.lifecycle import Step
 
 log = logging.getLogger("mydata.cluster")
@@ -174,11 +175,11 @@ async def reap(engine: AsyncEngine, *, now: datetime, me: int) -> list[Reaped]:
             if r.run_id is not None:
                 # its run would read "running" for ever (the dashboard, `check`): closed
                 # here, failed; a worker only slow, not dead, overwrites it when it ends
-                await conn.execute(update(schema.runs).where(
-                    schema.runs.c.run_id == r.run_id, schema.runs.c.finished_at.is_(None))
-                    .values(finished_at=at, status="failed", error=(
-                        f"worker {r.worker_id} seen dead (no heartbeat within "
-                        f"{float(r.heartbeat_timeout):g} s): its claims came back due")))
+                await conn.execute(fail_runs(
+                    schema.runs.c.run_id == r.run_id, schema.runs.c.finished_at.is_(None),
+                    at=at, reason=(f"worker {r.worker_id} seen dead (no heartbeat within "
+                                   f"{float(r.heartbeat_timeout):g} s): its claims came "
+                                   "back due")))
             if str(r.worker_id) in live_ids:
                 continue
             counts = (await conn.execute(

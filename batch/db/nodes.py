@@ -13,7 +13,7 @@ import socket
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, update
+from sqlalchemy import ColumnElement, Update, func, insert, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batch.db import schema
@@ -43,6 +43,14 @@ async def register_node(engine: AsyncEngine, *, worker_id: str, run_id: str | No
     if not isinstance(node_id, int):
         raise AssertionError("the database returned no node id")
     return node_id
+
+
+def fail_runs(*where: ColumnElement[bool], at: datetime, reason: str) -> Update:
+    """The statement closing the ``runs`` rows ``where`` selects as failed at ``at``, saying
+    why (the dashboard shows a failed run's ``error``): a run that ended on an error, or
+    one whose process was found dead (by the next run, or by a cluster peer)."""
+    return update(schema.runs).where(*where).values(finished_at=at, status="failed",
+                                                    error=reason)
 
 
 async def heartbeat(engine: AsyncEngine, node_id: int, *, now: datetime,

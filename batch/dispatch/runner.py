@@ -39,7 +39,7 @@ from batch.crypto import TokenCipher, TokenKeyError
 from batch.db import schema, work
 from batch.db.engine import init_db, transaction
 from batch.db.loaders import read_institutions
-from batch.db.nodes import register_node
+from batch.db.nodes import fail_runs, register_node
 from batch.db.runlock import plan_lock
 from batch.db.tokens import check_tokens
 from batch.dispatch import progress
@@ -224,10 +224,9 @@ async def open_run(engine: AsyncEngine, inputs: RunInputs, options: RunOptions) 
                 r.run_id.in_(select(n.run_id).where(n.cluster.is_(False),
                                                     n.run_id.is_not(None)))))).scalars().all()
             if lost:
-                await conn.execute(update(schema.runs).where(r.run_id.in_(lost)).values(
-                    finished_at=inputs.now, status="failed", error=(
-                        "its process ended without closing the run (killed, or its machine "
-                        f"went down): found open by run {options.run_id}")))
+                await conn.execute(fail_runs(r.run_id.in_(lost), at=inputs.now, reason=(
+                    "its process ended without closing the run (killed, or its machine "
+                    f"went down): found open by run {options.run_id}")))
             for run_id in lost:
                 log.warning("an earlier run's process ended without closing it: closed "
                             "as failed", extra={"action": "lost_run_closed",
@@ -516,9 +515,8 @@ async def close_failed(engine: AsyncEngine, run_id: str, reason: str, *,
     """A run that ends on an error: its ``runs`` row is closed as failed, with the reason."""
     try:
         async with transaction(engine) as conn:
-            await conn.execute(update(schema.runs).where(schema.runs.c.run_id == run_id)
-                               .values(finished_at=clock.now(), status="failed",
-                                       error=reason))
+            await conn.execute(fail_runs(schema.runs.c.run_id == run_id, at=clock.now(),
+                                         reason=reason))
     except Exception as exc:
         log.error("could not close the failed run", extra={
             "action": "close_failed_failed", "run_id": run_id, "error": describe(exc)})
