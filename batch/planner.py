@@ -483,10 +483,11 @@ async def stale_reasons(engine: AsyncEngine, plans: dict[str, DayPlan],
     since, a provider's limits (or ``today_windows``) not those it was made under, or a
     provider it does not cover. A plan saved by an older version (no record of what it was
     made from) is judged by its date alone."""
-    if not plans:
-        return ("no plan saved",)
+    today = now.astimezone(KST).date()
+    if not plans:  # (a plan saved for another day, e.g. last Saturday's, is not today's)
+        return (f"no plan saved for today, {today:%a %Y-%m-%d}",)
     reasons: list[str] = []
-    day_start = datetime.combine(now.astimezone(KST).date(), time(0), KST)
+    day_start = datetime.combine(today, time(0), KST)
     if any(p.created_at is None or p.created_at < day_start for p in plans.values()):
         reasons.append("plan saved before today")
     gens = [p.load_generation for p in plans.values() if p.load_generation is not None]

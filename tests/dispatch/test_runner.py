@@ -79,6 +79,18 @@ async def test_a_plan_saved_before_today_is_relevelled_from_what_is_due(
     assert "plan saved before today" in (summary.replanned or "")  # type: ignore[attr-defined]
 
 
+async def test_a_plan_saved_for_another_day_is_no_plan_for_today(engine: AsyncEngine) -> None:
+    # last Saturday's saved plan, run on Sunday: the run says that today has none
+    now = datetime(2026, 11, 30, 1, 0, tzinfo=KST)
+    insts = make_institutions(free_ports(1), industries=("bank",))
+    await populate(engine, insts, per_provider=30, now=now, quota=7)
+    async with engine.begin() as conn:
+        await conn.execute(update(schema.plan_minutes).values(day=DAY - timedelta(days=1)))
+        await conn.execute(update(schema.plan_days).values(day=DAY - timedelta(days=1)))
+    summary = await _run(engine)
+    assert summary.replanned == "no plan saved for today, Mon 2026-11-30"  # type: ignore[attr-defined]
+
+
 async def test_a_plan_saved_today_is_kept(engine: AsyncEngine) -> None:
     now = datetime(2026, 11, 30, 0, 30, tzinfo=KST)
     insts = make_institutions(free_ports(1), industries=("bank",))
