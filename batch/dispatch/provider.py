@@ -480,7 +480,7 @@ class ProviderDispatcher:
             return False
         loop = self._loop
         assert loop is not None  # set by run(), the only way here
-        self._room_at = cap - max(1, cap // 2)
+        self._room_at = cap - max(1, cap // 4)
         self._room = room = loop.create_future()
         try:
             async with self._clock.timeout(left):
