@@ -80,7 +80,7 @@ async def test_a_plan_saved_before_today_is_relevelled_from_what_is_due(
 
 
 async def test_a_plan_saved_for_another_day_is_no_plan_for_today(engine: AsyncEngine) -> None:
-    # last Saturday's saved plan, run on Sunday: the run says that today has none
+    # yesterday's saved plan (Sunday's), run on Monday: the run says that today has none
     now = datetime(2026, 11, 30, 1, 0, tzinfo=KST)
     insts = make_institutions(free_ports(1), industries=("bank",))
     await populate(engine, insts, per_provider=30, now=now, quota=7)
